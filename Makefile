@@ -1,0 +1,44 @@
+# policypipe: `make demo` runs the pipeline on generated sample recordings, `make test` runs the tests.
+# Both build the virtual environment from the lock first (idempotent: a second call does nothing).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch is pinned here, not in the lock, so one lock serves CPU laptops and CUDA servers:
+# pip picks the build that fits the machine (set PIP_INDEX_URL/PIP_FIND_LINKS for a special one).
+TORCH := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+# DVC must never phone home: there is no internet on the machines this runs on.
+export DVC_NO_ANALYTICS := 1
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup demo test lock clean-demo
+
+setup: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(BIN)/python -m pip check
+	touch $(STAMP)
+
+# Recompile the lock from pyproject.toml (needs the environment: pip-tools is in it).
+lock: $(STAMP)
+	$(BIN)/pip-compile --quiet --extra dev --strip-extras --unsafe-package torch \
+		--no-emit-index-url --no-emit-find-links --output-file requirements.lock pyproject.toml
+
+# The demo export is deterministic, so the committed data/raw.dvc matches what `sample` writes.
+demo: $(STAMP)
+	@if [ ! -d data/raw ]; then \
+		$(BIN)/policypipe sample data/raw && PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc add --quiet data/raw; \
+	fi
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
+
+test: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+
+clean-demo:
+	rm -rf data/raw data/manifest.json

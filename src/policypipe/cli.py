@@ -1,0 +1,95 @@
+"""`policypipe`: one subcommand per user task. The pipeline itself runs with `dvc repro`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+
+def _sample(args: argparse.Namespace) -> int:
+    from policypipe.recordings.sample import SampleConfig, write_sample_export
+
+    try:
+        config = SampleConfig(
+            recordings=args.recordings, seed=args.seed, camera=args.camera, defects=args.defects, task=args.task
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    try:
+        export = write_sample_export(args.out_dir, config)
+    except FileExistsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"wrote {len(export.good_stems)} recordings"
+        + (f" and {sum(len(v) for v in export.defects.values())} defect files ({len(export.defects)} kinds)" if export.defects else "")
+        + f" to {args.out_dir}: {export.files} files, {export.bytes / 1e6:.1f} MB in {time.monotonic() - t0:.1f} s"
+    )
+    return 0
+
+
+def _pair(args: argparse.Namespace) -> int:
+    from policypipe.atomic import write_json_atomic
+    from policypipe.recordings.pairing import PairConfig, pair_export, summary_lines
+
+    try:
+        config = PairConfig(task=args.task, accept_truncated=args.accept_truncated)
+        result = pair_export(args.export, config)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for line in summary_lines(result):
+        print(line)
+    if args.report:
+        write_json_atomic(args.report, result.report())
+        print(f"report: {args.report}")
+    if args.verbose:
+        for r in result.rejections:
+            print(f"{r.path}\t{r.reason.value}\t{r.detail}")
+    return 0 if result.recordings else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="policypipe",
+        description="Demonstrations to a trained, evaluated Diffusion Policy. Run the pipeline with `dvc repro`; "
+        "these commands are the tasks around it.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("sample", help="write a sample export folder (recordings of a pick-and-place task)",
+                       description="Write a deterministic export folder in the studio's format, for demos and tests.")
+    p.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="folder to create (must not exist or be empty)")
+    p.add_argument("--recordings", type=int, default=32, help="good recordings to write (default: 32)")
+    p.add_argument("--seed", type=int, default=0, help="same seed, byte-identical files (default: 0)")
+    p.add_argument("--camera", choices=["image", "video"], default="image",
+                   help="JPEG CompressedImage or H.264 CompressedVideo (default: image)")
+    p.add_argument("--defects", action=argparse.BooleanOptionalAction, default=True,
+                   help="add the broken files a real export has (default: on)")
+    p.add_argument("--task", default="pick_place", help="task name written to the status files")
+    p.set_defaults(func=_sample)
+
+    p = sub.add_parser("pair", help="check an export folder: what pairs, what is rejected and why",
+                       description="Pair S.mcap / S_vio.mcap / S_vio.json by exact stem and report every other file.")
+    p.add_argument("export", type=Path, metavar="EXPORT_DIR")
+    p.add_argument("--task", default=None, help="reject recordings of another task")
+    p.add_argument("--accept-truncated", action="store_true", help="accept _vio.mcap files without footer")
+    p.add_argument("--report", type=Path, default=None, help="write the JSON report here")
+    p.add_argument("-v", "--verbose", action="store_true", help="list every rejected file")
+    p.set_defaults(func=_pair)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Lineage: content hashes and the provenance record every stage writes."""

@@ -1,0 +1,218 @@
+"""The provenance record every stage writes next to its outputs.
+
+It answers, months later, "what exactly produced this?": code (git commit, dirty state and a
+hash of the uncommitted diff), environment (the lock's hash, what is installed, and every
+difference between the two), hardware (GPUs and driver, or "cpu"), host, the exact command
+and params, and the hashes of what the stage read and wrote. It is host- and time-dependent
+by nature, so it lives in its own small git-tracked file, never inside a hashed data output.
+
+Usage, in a stage script:
+
+    with StageRun("pair", params=asdict(config), root=repo_root) as run:
+        ...do the work...
+        run.inputs["data/raw"] = export_digest
+        run.add_outputs(["data/manifest.json"])
+    run.write(Path("metrics/provenance/pair.json"))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+import platform
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from policypipe.atomic import write_json_atomic
+from policypipe.lineage.hashing import sha256_file, sha256_path
+
+log = logging.getLogger(__name__)
+
+PROVENANCE_VERSION = 1
+LOCK_FILE = "requirements.lock"
+# torch is deliberately not in the lock (one lock for CPU and CUDA machines); this is its pin.
+PINNED_OUTSIDE_LOCK = {"torch": "2.13.0"}
+_REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _run(args: list[str], cwd: Path) -> str | None:
+    try:
+        done = subprocess.run(args, cwd=cwd, capture_output=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.decode(errors="replace")
+
+
+def git_state(root: Path) -> dict[str, Any]:
+    commit = _run(["git", "rev-parse", "HEAD"], root)
+    if commit is None:
+        return {"available": False, "reason": f"{root} is not a git checkout with a commit"}
+    status = _run(["git", "status", "--porcelain=v1", "--untracked-files=all"], root) or ""
+    changed = sorted(line[3:] for line in status.splitlines() if line.strip())
+    diff = (_run(["git", "diff", "HEAD", "--binary"], root) or "").encode()
+    return {
+        "available": True,
+        "commit": commit.strip(),
+        "branch": (_run(["git", "rev-parse", "--abbrev-ref", "HEAD"], root) or "").strip(),
+        "dirty": bool(changed),
+        "changed_files": changed,
+        # Untracked files are listed above; the diff hash covers changes to tracked files.
+        "diff_sha256": hashlib.sha256(diff).hexdigest() if diff else None,
+    }
+
+
+def read_lock(lock_path: Path) -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in lock_path.read_text().splitlines():
+        if m := _REQUIREMENT.match(line.strip()):
+            pins[_normalize(m[1])] = m[2]
+    return pins
+
+
+def installed_packages() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found[_normalize(name)] = dist.version
+    return dict(sorted(found.items()))
+
+
+def environment_state(root: Path) -> dict[str, Any]:
+    installed = installed_packages()
+    lock_path = root / LOCK_FILE
+    state: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable, "installed": installed}
+    if not lock_path.is_file():
+        state["lock"] = None
+        return state
+    expected = read_lock(lock_path) | PINNED_OUTSIDE_LOCK
+    differences = []
+    for name, want in sorted(expected.items()):
+        have = installed.get(name)
+        # Local version labels (torch 2.13.0+cpu) are builds of the pinned release.
+        if have is None:
+            differences.append({"package": name, "lock": want, "installed": None})
+        elif have.split("+")[0] != want:
+            differences.append({"package": name, "lock": want, "installed": have})
+    own = {"policypipe", "pip", "setuptools", "wheel"}
+    for name, have in installed.items():
+        if name not in expected and name not in own:
+            differences.append({"package": name, "lock": None, "installed": have})
+    state["lock"] = {"path": LOCK_FILE, "sha256": sha256_file(lock_path), "differences": differences}
+    return state
+
+
+def accelerator_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    try:
+        import torch
+
+        state["torch"] = torch.__version__
+        state["cuda"] = torch.version.cuda
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        state["cudnn"] = cudnn
+        cuda_ok = torch.cuda.is_available()
+    except ImportError:
+        state["torch"] = None
+        cuda_ok = False
+    gpus = _nvidia_smi()
+    state["gpus"] = gpus
+    state["device"] = "cuda" if cuda_ok else "cpu"
+    return state
+
+
+def _nvidia_smi() -> list[dict[str, str]]:
+    if shutil.which("nvidia-smi") is None:
+        return []
+    fields = ["index", "name", "memory.total", "driver_version", "uuid"]
+    out = _run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"], Path.cwd())
+    if not out:
+        return []
+    return [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in out.splitlines() if line.strip()]
+
+
+def host_state() -> dict[str, Any]:
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = None
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": memory,
+    }
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass
+class StageRun:
+    """Collects one stage run's provenance; a context manager that times the run."""
+
+    stage: str
+    params: dict[str, Any]
+    root: Path = field(default_factory=Path.cwd)
+    command: str = field(default_factory=lambda: shlex.join([Path(sys.executable).name, *sys.argv]))
+    inputs: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+    _started: str | None = None
+    _ended: str | None = None
+    _t0: float = 0.0
+    _duration: float | None = None
+
+    def __enter__(self) -> StageRun:
+        self._started, self._t0 = _now(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._ended, self._duration = _now(), round(time.monotonic() - self._t0, 3)
+
+    def add_inputs(self, paths: list[str | Path]) -> None:
+        for p in paths:
+            self.inputs[Path(p).as_posix()] = sha256_path(self.root / p)
+
+    def add_outputs(self, paths: list[str | Path]) -> None:
+        for p in paths:
+            self.outputs[Path(p).as_posix()] = sha256_path(self.root / p)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "format_version": PROVENANCE_VERSION,
+            "stage": self.stage,
+            "command": self.command,
+            "cwd": str(Path.cwd()),
+            "params": self.params,
+            "inputs_sha256": dict(sorted(self.inputs.items())),
+            "outputs_sha256": dict(sorted(self.outputs.items())),
+            "started_at": self._started,
+            "ended_at": self._ended,
+            "duration_s": self._duration,
+            "git": git_state(self.root),
+            "environment": environment_state(self.root),
+            "accelerator": accelerator_state(),
+            "host": host_state(),
+        }
+
+    def write(self, path: Path) -> dict[str, Any]:
+        record = self.record()
+        write_json_atomic(path, record)
+        log.info("provenance of %s written to %s", self.stage, path)
+        return record

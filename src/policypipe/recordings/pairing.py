@@ -1,0 +1,356 @@
+"""The `pair` step: exact pairing of `S.mcap` / `S_vio.mcap` / `S_vio.json` by stem.
+
+Every file under the export folder ends up either in an accepted recording of the manifest
+or in the report with one reason. Nothing is matched by a fuzzy glob, nothing is dropped
+silently, and the manifest holds only export-relative paths so it is the same on a laptop
+and on a server.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from policypipe.lineage.hashing import sha256_files, tree_digest
+from policypipe.recordings.layout import (
+    STATUS_REQUIRED_KEYS,
+    STATUS_SUCCESS,
+    McapState,
+    Role,
+    classify,
+    describe_non_input,
+    file_names,
+    mcap_state,
+)
+
+log = logging.getLogger(__name__)
+
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PairConfig:
+    """`pair` section of params.yaml."""
+
+    # When set, a status json whose `task` differs is rejected (absent `task` is accepted).
+    task: str | None = None
+    # A `_vio.mcap` without footer is rejected unless this is true; then it is accepted with
+    # `truncated: true` and `convert` salvages what is readable before the damage.
+    accept_truncated: bool = False
+    # Files hashed concurrently; 0 means a sensible default for the machine.
+    hash_workers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.task is not None and not self.task.strip():
+            raise ValueError("task must be a non-empty name, or null to accept every task")
+        if self.hash_workers < 0:
+            raise ValueError(f"hash_workers must be >= 0 (0 = automatic), got {self.hash_workers}")
+
+
+class Reason(str, enum.Enum):
+    NOT_AN_INPUT = "not_an_input"
+    NOT_PAIRED = "not_paired"
+    EMPTY = "empty"
+    INVALID_JSON = "invalid_json"
+    MISSING_KEYS = "missing_keys"
+    STATUS_NOT_SUCCESS = "status_not_success"
+    SOURCE_NOT_IN_FOLDER = "source_not_in_folder"
+    NAME_MISMATCH = "name_mismatch"
+    OTHER_TASK = "other_task"
+    NOT_MCAP = "not_mcap"
+    TRUNCATED = "truncated"
+    DUPLICATE_STEM = "duplicate_stem"
+    SYMLINK_OUTSIDE_EXPORT = "symlink_outside_export"
+    SYMLINK_NOT_FOLLOWED = "symlink_not_followed"
+    UNREADABLE = "unreadable"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    path: str  # export-relative POSIX path
+    reason: Reason
+    detail: str
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Recording:
+    stem: str
+    folder: str
+    files: dict[Role, FileEntry]
+    status: dict[str, Any]
+    truncated: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stem": self.stem,
+            "folder": self.folder,
+            "truncated": self.truncated,
+            "files": {role.value: vars(entry) for role, entry in self.files.items()},
+            "status": self.status,
+        }
+
+
+@dataclass(frozen=True)
+class PairingResult:
+    recordings: tuple[Recording, ...]
+    rejections: tuple[Rejection, ...]
+    # Tree digest over every regular file of the export: the input hash for provenance.
+    export_sha256: str
+    config: PairConfig
+    files_seen: int = field(default=0)
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "format_version": MANIFEST_VERSION,
+            "task": self.config.task,
+            "accept_truncated": self.config.accept_truncated,
+            "recordings": [r.to_json() for r in self.recordings],
+        }
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "accepted": [r.stem for r in self.recordings],
+            "rejected_files": [
+                {"path": r.path, "reason": r.reason.value, "detail": r.detail} for r in self.rejections
+            ],
+        }
+
+    def metrics(self) -> dict[str, Any]:
+        by_reason = Counter(r.reason.value for r in self.rejections)
+        rejected_stems = {(PurePosixPath(r.path).parent, _stem_of(r.path)) for r in self.rejections}
+        return {
+            "recordings_accepted": len(self.recordings),
+            "recordings_truncated_accepted": sum(r.truncated for r in self.recordings),
+            "recording_stems_rejected": len({s for s in rejected_stems if s[1] is not None}),
+            "files_seen": self.files_seen,
+            "files_rejected": len(self.rejections),
+            "files_rejected_by_reason": dict(sorted(by_reason.items())),
+        }
+
+
+def _stem_of(path: str) -> str | None:
+    found = classify(PurePosixPath(path).name)
+    return found[1] if found else None
+
+
+def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
+    """Pairs every recording of an export folder; see the module docstring."""
+    root = Path(export_root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"export folder {root} does not exist or is not a folder")
+    root = root.resolve()
+
+    rejections: list[Rejection] = []
+    candidates: list[Path] = []  # regular files (or links to files inside the export)
+    for path, reason, detail in _walk(root):
+        if reason is None:
+            candidates.append(path)
+        else:
+            rejections.append(Rejection(_rel(path, root), reason, detail))
+
+    digests: dict[Path, str] = {}
+    readable: list[Path] = []
+    for path in candidates:
+        try:
+            with open(path, "rb"):
+                readable.append(path)
+        except OSError as exc:
+            rejections.append(Rejection(_rel(path, root), Reason.UNREADABLE, f"cannot be read: {exc.strerror}"))
+    workers = config.hash_workers or None
+    digests = sha256_files(readable, workers=workers)
+    export_sha256 = tree_digest({_rel(p, root): d for p, d in digests.items()})
+
+    # stem -> folder -> role -> path
+    by_stem: dict[str, dict[str, dict[Role, Path]]] = defaultdict(lambda: defaultdict(dict))
+    for path in readable:
+        found = classify(path.name)
+        if found is None:
+            rejections.append(Rejection(_rel(path, root), Reason.NOT_AN_INPUT, describe_non_input(path.name)))
+            continue
+        role, stem = found
+        by_stem[stem][_rel(path.parent, root)][role] = path
+
+    recordings: list[Recording] = []
+    for stem in sorted(by_stem):
+        folders = by_stem[stem]
+        if len(folders) > 1:
+            where = " and ".join(f"{f}/" for f in sorted(folders))
+            detail = f"stem {stem!r} appears in {where}: stems must be unique across the export; rename or remove one"
+            for files in folders.values():
+                rejections.extend(Rejection(_rel(p, root), Reason.DUPLICATE_STEM, detail) for p in files.values())
+            continue
+        (folder, files), = folders.items()
+        outcome = _check_recording(root, stem, files, config)
+        if isinstance(outcome, _Rejected):
+            rejections.extend(Rejection(_rel(p, root), outcome.reason, outcome.detail) for p in files.values())
+            continue
+        entries = {
+            role: FileEntry(_rel(files[role], root), files[role].stat().st_size, digests[files[role]])
+            for role in Role
+        }
+        recordings.append(Recording(stem, folder, entries, outcome.status, outcome.truncated))
+
+    rejections.sort(key=lambda r: r.path)
+    log.info("paired %d recordings, rejected %d files", len(recordings), len(rejections))
+    return PairingResult(
+        recordings=tuple(recordings),
+        rejections=tuple(rejections),
+        export_sha256=export_sha256,
+        config=config,
+        files_seen=len(candidates) + sum(1 for r in rejections if r.reason in _WALK_REASONS),
+    )
+
+
+_WALK_REASONS = {Reason.SYMLINK_OUTSIDE_EXPORT, Reason.SYMLINK_NOT_FOLLOWED}
+
+
+@dataclass(frozen=True)
+class _Accepted:
+    status: dict[str, Any]
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class _Rejected:
+    reason: Reason
+    detail: str
+
+
+def _check_recording(root: Path, stem: str, files: dict[Role, Path], config: PairConfig) -> _Accepted | _Rejected:
+    """The verdict on one folder's files of one stem; the first failed rule is the reason."""
+    names = file_names(stem)
+    missing = [names[role] for role in Role if role not in files]
+    if missing:
+        return _Rejected(Reason.NOT_PAIRED, f"recording {stem!r} is incomplete: missing {', '.join(missing)}")
+    empty = [names[role] for role in Role if files[role].stat().st_size == 0]
+    if empty:
+        return _Rejected(Reason.EMPTY, f"{', '.join(empty)} is empty (0 bytes)")
+
+    status = _read_status(files[Role.STATUS])
+    if isinstance(status, str):
+        return _Rejected(Reason.INVALID_JSON, f"{names[Role.STATUS]}: {status}")
+    absent = [k for k in STATUS_REQUIRED_KEYS if k not in status]
+    if absent:
+        return _Rejected(Reason.MISSING_KEYS, f"{names[Role.STATUS]} lacks required key(s) {', '.join(absent)}")
+    if status["status"] != STATUS_SUCCESS:
+        error = status.get("error") or "no error text given"
+        return _Rejected(Reason.STATUS_NOT_SUCCESS, f"status {status['status']!r}: {error}")
+    for key, role in (("source", Role.RAW), ("output", Role.VIO)):
+        named = status[key]
+        if not isinstance(named, str):
+            return _Rejected(Reason.NAME_MISMATCH, f"{names[Role.STATUS]}: {key} is {named!r}, expected {names[role]!r}")
+        if PurePosixPath(named).name != named or "\\" in named:
+            where = "the export" if _points_outside(root, files[Role.STATUS].parent, named) else "the recording's folder"
+            return _Rejected(
+                Reason.SOURCE_NOT_IN_FOLDER,
+                f"{names[Role.STATUS]}: {key} {named!r} points outside {where}; it must name a file next to the json",
+            )
+        if named != names[role]:
+            return _Rejected(Reason.NAME_MISMATCH, f"{names[Role.STATUS]}: {key} names {named!r}, expected {names[role]!r}")
+    task = status.get("task")
+    if config.task is not None and task is not None and task != config.task:
+        return _Rejected(Reason.OTHER_TASK, f"task {task!r}, the pipeline is configured for {config.task!r} (pair.task)")
+
+    state, detail = mcap_state(files[Role.RAW])
+    if state is not McapState.COMPLETE:
+        return _Rejected(Reason(state.value), f"{names[Role.RAW]}: {detail}")
+    state, detail = mcap_state(files[Role.VIO])
+    if state is McapState.NOT_MCAP:
+        return _Rejected(Reason.NOT_MCAP, f"{names[Role.VIO]}: {detail}")
+    truncated = state is McapState.TRUNCATED
+    if truncated and not config.accept_truncated:
+        return _Rejected(
+            Reason.TRUNCATED, f"{names[Role.VIO]}: {detail}; set pair.accept_truncated: true to convert what is readable"
+        )
+    return _Accepted(status, truncated)
+
+
+def _read_status(path: Path) -> dict[str, Any] | str:
+    """The status json as a dict, or a sentence saying why it is not valid."""
+
+    def reject_constant(name: str) -> None:
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text (byte {exc.start})"
+    try:
+        value = json.loads(text, parse_constant=reject_constant)
+    except json.JSONDecodeError as exc:
+        return f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+    except ValueError as exc:
+        return f"invalid JSON: {exc}"
+    if not isinstance(value, dict):
+        return f"invalid JSON: expected an object, got {type(value).__name__}"
+    return value
+
+
+def _points_outside(root: Path, folder: Path, named: str) -> bool:
+    target = (folder / named).resolve() if not os.path.isabs(named) else Path(named).resolve()
+    return not target.is_relative_to(root)
+
+
+def _walk(root: Path):
+    """Yields (path, None, None) for every file to consider, (path, reason, detail) for links not followed."""
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        dirnames.sort()
+        for name in list(dirnames):
+            path = here / name
+            if path.is_symlink():
+                dirnames.remove(name)
+                yield _link_rejection(root, path, "folder")
+        for name in sorted(filenames):
+            path = here / name
+            if path.is_symlink():
+                target = path.resolve()
+                if not target.is_relative_to(root) or not target.is_file():
+                    yield _link_rejection(root, path, "file")
+                    continue
+            yield path, None, None
+
+
+def _link_rejection(root: Path, path: Path, kind: str) -> tuple[Path, Reason, str]:
+    target = path.resolve()
+    if not target.exists():
+        return path, Reason.SYMLINK_NOT_FOLLOWED, f"symbolic link to {os.readlink(path)!r}, which does not exist"
+    if not target.is_relative_to(root):
+        return path, Reason.SYMLINK_OUTSIDE_EXPORT, (
+            f"symbolic link leading outside the export ({os.readlink(path)!r}): not followed; copy the file in instead"
+        )
+    return path, Reason.SYMLINK_NOT_FOLLOWED, (
+        f"symbolic link to a {kind} inside the export: not followed, its files would be listed twice"
+    )
+
+
+def _rel(path: Path, root: Path) -> str:
+    rel = path.relative_to(root).as_posix()
+    return "." if rel == "" else rel
+
+
+def summary_lines(result: PairingResult) -> list[str]:
+    """A short human summary: accepted, then rejected files grouped by reason."""
+    metrics = result.metrics()
+    lines = [
+        f"paired {metrics['recordings_accepted']} recordings"
+        + (f" ({metrics['recordings_truncated_accepted']} truncated)" if metrics["recordings_truncated_accepted"] else "")
+        + f"; rejected {metrics['files_rejected']} of {metrics['files_seen']} files"
+    ]
+    for reason, count in metrics["files_rejected_by_reason"].items():
+        example = next(r for r in result.rejections if r.reason.value == reason)
+        lines.append(f"  {count:4d} {reason}: e.g. {example.path}: {example.detail}")
+    return lines

@@ -1,0 +1,59 @@
+"""Shared fixtures: tiny real MCAP files and export folders built file by file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mcap.writer import CompressionType, Writer
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED = REPO_ROOT.parent / "shared"
+MCAP_SAMPLES = SHARED / "mcap-samples"
+
+
+def write_tiny_mcap(path: Path, messages: int = 3) -> Path:
+    """A small but real MCAP file (one JSON channel), written by the mcap library."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        writer = Writer(f, compression=CompressionType.ZSTD)
+        writer.start(profile="", library="policypipe-tests")
+        schema = writer.register_schema("Tick", "jsonschema", b'{"type":"object"}')
+        channel = writer.register_channel("/tick", "json", schema)
+        for i in range(messages):
+            t = 1_700_000_000_000_000_000 + i * 10_000_000
+            writer.add_message(channel, log_time=t, publish_time=t, data=json.dumps({"i": i}).encode())
+        writer.finish()
+    return path
+
+
+def write_status(path: Path, stem: str, **overrides) -> Path:
+    status = {
+        "source": f"{stem}.mcap",
+        "output": f"{stem}_vio.mcap",
+        "status": "success",
+        "error": None,
+        "task": "pick_place",
+        "frames": 3,
+    }
+    status.update(overrides)
+    path.write_text(json.dumps(status))
+    return path
+
+
+def write_triplet(folder: Path, stem: str, **status_overrides) -> list[Path]:
+    """The three files of one good recording."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return [
+        write_tiny_mcap(folder / f"{stem}.mcap"),
+        write_tiny_mcap(folder / f"{stem}_vio.mcap"),
+        write_status(folder / f"{stem}_vio.json", stem, **status_overrides),
+    ]
+
+
+@pytest.fixture
+def export(tmp_path: Path) -> Path:
+    root = tmp_path / "export"
+    root.mkdir()
+    return root

@@ -1,0 +1,213 @@
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from policypipe.atomic import canonical_json
+from policypipe.lineage.hashing import sha256_file
+from policypipe.recordings.pairing import PairConfig, Reason, pair_export
+from tests.conftest import MCAP_SAMPLES, write_tiny_mcap, write_triplet
+
+CONFIG = PairConfig(task="pick_place")
+
+
+def reasons(result) -> dict[str, str]:
+    return {r.path: r.reason.value for r in result.rejections}
+
+
+def test_good_triplets_are_paired_with_relative_paths_sizes_and_hashes(export: Path) -> None:
+    write_triplet(export / "session_01", "rec_b")
+    files = write_triplet(export / "session_02", "rec_a")
+
+    result = pair_export(export, CONFIG)
+
+    assert [r.stem for r in result.recordings] == ["rec_a", "rec_b"]  # sorted by stem
+    assert result.rejections == ()
+    entry = result.manifest()["recordings"][0]
+    assert entry["folder"] == "session_02"
+    assert entry["files"]["raw"] == {
+        "path": "session_02/rec_a.mcap",
+        "size": files[0].stat().st_size,
+        "sha256": sha256_file(files[0]),
+    }
+    assert entry["files"]["vio"]["path"] == "session_02/rec_a_vio.mcap"
+    assert entry["status"]["status"] == "success" and entry["truncated"] is False
+    assert str(export) not in canonical_json(result.manifest()).decode()
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason", "bad_file_in_detail"),
+    [
+        (lambda d: (d / "r_vio.json").unlink(), "not_paired", "r_vio.json"),
+        (lambda d: (d / "r.mcap").unlink(), "not_paired", "r.mcap"),
+        (lambda d: (d / "r_vio.mcap").write_bytes(b""), "empty", "r_vio.mcap"),
+        (lambda d: (d / "r_vio.json").write_text('{"source": "r.mcap",\n "status": '), "invalid_json", "line 2"),
+        (lambda d: (d / "r_vio.json").write_text('{"source": "r.mcap"}'), "missing_keys", "output, status"),
+        (lambda d: (d / "r_vio.json").write_text("[1, 2]"), "invalid_json", "object"),
+        (lambda d: (d / "r_vio.json").write_bytes(b'{"a": "\xff"}'), "invalid_json", "UTF-8"),
+        (lambda d: (d / "r_vio.json").write_text('{"source": "r.mcap", "output": "r_vio.mcap", "status": NaN}'),
+         "invalid_json", "NaN"),
+        (lambda d: _status(d, status="failed", error="VIO lost tracking at 12.4 s"), "status_not_success",
+         "VIO lost tracking at 12.4 s"),
+        (lambda d: _status(d, status="running", error=None), "status_not_success", "no error text"),
+        (lambda d: _status(d, source="../x.mcap"), "source_not_in_folder", "'../x.mcap' points outside the recording's"),
+        (lambda d: _status(d, source="../../x.mcap"), "source_not_in_folder", "'../../x.mcap' points outside the export"),
+        (lambda d: _status(d, output="/etc/passwd"), "source_not_in_folder", "outside the export"),
+        (lambda d: _status(d, source="s1/r.mcap"), "source_not_in_folder", "s1/r.mcap"),
+        (lambda d: _status(d, source="other.mcap"), "name_mismatch", "other.mcap"),
+        (lambda d: _status(d, task="cup_arrangement"), "other_task", "cup_arrangement"),
+        (lambda d: (d / "r_vio.mcap").write_bytes(b"<html>502 Bad Gateway</html>"), "not_mcap", "r_vio.mcap"),
+        (lambda d: (d / "r.mcap").write_bytes(b"\xff\xd8\xff\xe0JFIF"), "not_mcap", "r.mcap"),
+        (lambda d: _truncate(d / "r_vio.mcap"), "truncated", "accept_truncated"),
+        (lambda d: _truncate(d / "r.mcap"), "truncated", "r.mcap"),
+    ],
+)
+def test_each_defect_rejects_the_recording_with_its_reason_and_keeps_the_others(
+    export: Path, damage, reason: str, bad_file_in_detail: str
+) -> None:
+    write_triplet(export / "s1", "good")
+    write_triplet(export / "s1", "r")
+    damage(export / "s1")
+
+    result = pair_export(export, CONFIG)
+
+    assert [r.stem for r in result.recordings] == ["good"]
+    rejected = reasons(result)
+    remaining = sorted(p.relative_to(export).as_posix() for p in (export / "s1").glob("r*"))
+    assert sorted(rejected) == remaining  # every file of the stem, nothing else
+    assert set(rejected.values()) == {reason}
+    assert all(bad_file_in_detail in r.detail for r in result.rejections)
+
+
+def _status(folder: Path, **changes) -> None:
+    path = folder / "r_vio.json"
+    status = json.loads(path.read_text())
+    status.update(changes)
+    path.write_text(json.dumps(status))
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])
+
+
+def test_truncated_vio_is_accepted_with_a_flag_when_configured(export: Path) -> None:
+    write_triplet(export, "r")
+    _truncate(export / "r_vio.mcap")
+
+    result = pair_export(export, PairConfig(task="pick_place", accept_truncated=True))
+
+    assert [(r.stem, r.truncated) for r in result.recordings] == [("r", True)]
+    assert result.metrics()["recordings_truncated_accepted"] == 1
+
+
+def test_leftovers_and_strangers_are_reported_and_do_not_disturb_pairing(export: Path) -> None:
+    write_triplet(export, "r")
+    write_tiny_mcap(export / "r_vio (1).mcap")
+    write_tiny_mcap(export / "r_vio_retry2.mcap")
+    (export / "r_vio.mcap.partial").write_bytes(b"\x89MCAP0\r\n")
+    (export / "r_vio.mcap.tmp").write_bytes(b"x")
+    (export / "notes.txt").write_text("calibration ok")
+
+    result = pair_export(export, CONFIG)
+
+    assert [r.stem for r in result.recordings] == ["r"]
+    assert reasons(result) == {
+        "notes.txt": "not_an_input",
+        "r_vio (1).mcap": "not_an_input",
+        "r_vio_retry2.mcap": "not_an_input",
+        "r_vio.mcap.partial": "not_an_input",
+        "r_vio.mcap.tmp": "not_an_input",
+    }
+    detail = {r.path: r.detail for r in result.rejections}
+    assert "retry leftover of recording 'r'" in detail["r_vio (1).mcap"]
+    assert "partial" in detail["r_vio.mcap.partial"]
+
+
+def test_duplicate_stem_in_two_folders_rejects_both_and_names_both(export: Path) -> None:
+    write_triplet(export / "a", "same")
+    write_triplet(export / "b", "same")
+    write_triplet(export / "b", "other")
+
+    result = pair_export(export, CONFIG)
+
+    assert [r.stem for r in result.recordings] == ["other"]
+    assert len(result.rejections) == 6
+    assert {r.reason for r in result.rejections} == {Reason.DUPLICATE_STEM}
+    assert all("a/ and b/" in r.detail for r in result.rejections)
+
+
+def test_task_is_only_checked_when_configured_and_present(export: Path) -> None:
+    write_triplet(export, "x", task="other")
+    write_triplet(export, "y", task=None)
+    (export / "z").mkdir()
+    write_triplet(export / "z", "z")
+    status = json.loads((export / "z" / "z_vio.json").read_text())
+    del status["task"]
+    (export / "z" / "z_vio.json").write_text(json.dumps(status))
+
+    assert [r.stem for r in pair_export(export, PairConfig(task=None)).recordings] == ["x", "y", "z"]
+    assert [r.stem for r in pair_export(export, CONFIG).recordings] == ["y", "z"]
+
+
+def test_symlinks_leading_outside_are_reported_not_followed(export: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    write_triplet(outside, "far")
+    write_triplet(export, "near")
+    for name in ("far.mcap", "far_vio.mcap", "far_vio.json"):
+        os.symlink(outside / name, export / name)
+    os.symlink(outside, export / "linked_folder")
+    os.symlink(export / "nowhere", export / "dangling_vio.json")
+    os.symlink(export / "near_vio.json", export / "alias.json")  # inside: a file like any other
+
+    result = pair_export(export, CONFIG)
+
+    assert [r.stem for r in result.recordings] == ["near"]
+    got = reasons(result)
+    assert got["far.mcap"] == got["far_vio.mcap"] == got["linked_folder"] == "symlink_outside_export"
+    assert got["dangling_vio.json"] == "symlink_not_followed"
+    assert got["alias.json"] == "not_an_input"
+
+
+def test_manifest_is_byte_identical_across_runs_and_locations(export: Path, tmp_path: Path) -> None:
+    for i in range(6):
+        write_triplet(export / f"s{i % 2}", f"rec_{i}")
+    (export / "junk.bin").write_bytes(os.urandom(10))
+    elsewhere = tmp_path / "deeper" / "copy_of_export"
+    shutil.copytree(export, elsewhere)
+
+    first = pair_export(export, CONFIG)
+    again = pair_export(export, PairConfig(task="pick_place", hash_workers=1))
+    moved = pair_export(elsewhere, CONFIG)
+
+    assert canonical_json(first.manifest()) == canonical_json(again.manifest()) == canonical_json(moved.manifest())
+    assert canonical_json(first.report()) == canonical_json(moved.report())
+    assert first.export_sha256 == moved.export_sha256
+
+
+def test_missing_export_folder_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        pair_export(tmp_path / "nope", CONFIG)
+
+
+def test_real_public_mcap_files_are_paired_or_rejected_never_a_crash(export: Path) -> None:
+    samples = sorted(MCAP_SAMPLES.rglob("*.mcap"))
+    assert len(samples) >= 15, f"expected the shared MCAP samples in {MCAP_SAMPLES}"
+    # The known-corrupt variant: a CR byte stripped from the magic, as git's eol rules do.
+    crlf_damaged = samples[0].read_bytes().replace(b"\r\n", b"\n", 1)
+    for i, sample in enumerate(samples):
+        write_triplet(export, f"real_{i:02d}")
+        shutil.copyfile(sample, export / f"real_{i:02d}_vio.mcap")
+    write_triplet(export, "eol_damaged")
+    (export / "eol_damaged_vio.mcap").write_bytes(crlf_damaged)
+
+    result = pair_export(export, CONFIG)
+
+    assert len(result.recordings) == len(samples)  # all well-formed MCAP: pairing does not decode
+    assert reasons(result) == {
+        f"eol_damaged{suffix}": "not_mcap" for suffix in (".mcap", "_vio.mcap", "_vio.json")
+    }
