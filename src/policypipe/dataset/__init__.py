@@ -1,0 +1,1 @@
+"""The training dataset: its zarr layout, and conversion of recordings into it."""

@@ -1,0 +1,333 @@
+"""The `convert` step: paired recordings -> one zarr dataset on the camera clock.
+
+Each recording is converted in a worker process into a content-addressed cache entry (key:
+the `_vio.mcap` SHA-256, the conversion params and the converter version), so adding
+recordings re-decodes only the new ones. The store is then assembled from the cache, episode
+by episode in manifest order, under a temporary name, and renamed into place: the result is
+byte-identical whatever the number of workers, and a killed run leaves the previous store or
+none. Memory holds one episode and one shard of frames at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, BloscShuffle
+
+from policypipe.atomic import canonical_json, write_bytes_atomic
+from policypipe.dataset import layout
+from policypipe.recordings.episode import ConvertConfig, Episode, build_episode
+from policypipe.recordings.streams import RecordingError, read_streams
+
+log = logging.getLogger(__name__)
+
+# Bump whenever the same inputs and params would convert to different bytes.
+CONVERTER_VERSION = 1
+
+
+class DatasetError(Exception):
+    """The dataset cannot be built as configured; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class RecordingInput:
+    stem: str
+    vio_path: Path
+    vio_sha256: str
+    truncated: bool
+    expected_frames: int | None
+
+
+def recordings_from_manifest(manifest: dict[str, Any], export_root: Path) -> list[RecordingInput]:
+    inputs = []
+    for rec in manifest["recordings"]:
+        frames = rec.get("status", {}).get("frames")
+        inputs.append(
+            RecordingInput(
+                stem=rec["stem"],
+                vio_path=export_root / rec["files"]["vio"]["path"],
+                vio_sha256=rec["files"]["vio"]["sha256"],
+                truncated=bool(rec.get("truncated", False)),
+                expected_frames=frames if isinstance(frames, int) and not isinstance(frames, bool) else None,
+            )
+        )
+    return inputs
+
+
+def conversion_params(config: ConvertConfig) -> dict[str, Any]:
+    """The params that determine the output (how many workers did it does not)."""
+    params = asdict(config)
+    params.pop("workers")
+    params["image_size"] = list(config.image_size)
+    return params
+
+
+def cache_key(rec: RecordingInput, config: ConvertConfig) -> str:
+    blob = canonical_json({"converter": CONVERTER_VERSION, "vio_sha256": rec.vio_sha256, "params": conversion_params(config)})
+    return hashlib.sha256(blob).hexdigest()
+
+
+# ---------------------------------------------------------------- one recording -> cache entry
+
+
+def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Path) -> dict[str, Any]:
+    """Converts one recording into the cache (unless it is there) and returns its record."""
+    key = cache_key(rec, config)
+    record_path = cache_dir / f"{key}.json"
+    if record_path.is_file():
+        return json.loads(record_path.read_text())
+    record: dict[str, Any] = {"stem": rec.stem, "vio_sha256": rec.vio_sha256, "truncated": rec.truncated, "key": key}
+    try:
+        episode = build_episode(read_streams(rec.vio_path, config.topics), config)
+    except RecordingError as exc:
+        record |= {"excluded": exc.reason, "detail": str(exc)}
+    else:
+        if rec.expected_frames is not None and rec.expected_frames != episode.frames_in:
+            episode.warnings.append(
+                f"status json says {rec.expected_frames} frames, the recording has {episode.frames_in} (truncated copy?)"
+            )
+        _save_arrays(cache_dir / f"{key}.npz", episode)
+        record |= {
+            "start_ns": int(episode.capture_ns[0]),
+            "frames": len(episode.capture_ns),
+            "frames_in": episode.frames_in,
+            "dropped": episode.dropped,
+            "frequency_hz": round(episode.frequency_hz, 6),
+            "warnings": episode.warnings,
+        }
+    # The record is written last: its presence means the entry is complete.
+    write_bytes_atomic(record_path, canonical_json(record))
+    return record
+
+
+def _save_arrays(path: Path, episode: Episode) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.savez(
+            f,
+            rgb=episode.rgb,
+            eef_pos=episode.eef_pos,
+            eef_rot=episode.eef_rot_axis_angle,
+            width=episode.gripper_width,
+            capture_ns=episode.capture_ns,
+        )
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _load_arrays(cache_dir: Path, key: str) -> dict[str, np.ndarray]:
+    with np.load(cache_dir / f"{key}.npz", allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def _worker_init() -> None:
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+def _convert_all(
+    inputs: list[RecordingInput], config: ConvertConfig, cache_dir: Path, progress: Callable[[dict], None] | None
+) -> list[dict[str, Any]]:
+    workers = min(config.workers or os.cpu_count() or 1, max(len(inputs), 1))
+    if workers == 1:
+        _worker_init()
+        results: Iterator[dict] = (convert_recording(r, config, cache_dir) for r in inputs)
+        return [_report(progress, r) for r in results]
+    # spawn: workers start clean, whatever threads the parent (zarr, BLAS) already runs.
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init) as pool:
+        futures = [pool.submit(convert_recording, r, config, cache_dir) for r in inputs]
+        return [_report(progress, f.result()) for f in futures]
+
+
+def _report(progress: Callable[[dict], None] | None, record: dict) -> dict:
+    if progress is not None:
+        progress(record)
+    return record
+
+
+# ---------------------------------------------------------------- cache -> store
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    episodes: list[dict[str, Any]]
+    excluded: list[dict[str, Any]]
+    frequency_hz: float
+    frames: int
+    store_bytes: int
+    store_files: int
+
+    def metrics(self) -> dict[str, Any]:
+        dropped: Counter[str] = Counter()
+        for ep in self.episodes:
+            dropped.update(ep["dropped"])
+        return {
+            "episodes": len(self.episodes),
+            "frames": self.frames,
+            "frequency_hz": self.frequency_hz,
+            "frames_dropped_by_reason": dict(sorted(dropped.items())),
+            "recordings_excluded": len(self.excluded),
+            "recordings_excluded_by_reason": dict(sorted(Counter(e["excluded"] for e in self.excluded).items())),
+            "bytes_per_frame": round(self.store_bytes / max(self.frames, 1), 1),
+            "store_files": self.store_files,
+        }
+
+    def report(self) -> dict[str, Any]:
+        return {"episodes": self.episodes, "excluded": self.excluded}
+
+
+def convert_dataset(
+    manifest_path: Path,
+    export_root: Path,
+    out_path: Path,
+    cache_dir: Path,
+    config: ConvertConfig,
+    progress: Callable[[dict], None] | None = None,
+) -> ConversionResult:
+    manifest = json.loads(Path(manifest_path).read_text())
+    inputs = recordings_from_manifest(manifest, Path(export_root))
+    if not inputs:
+        raise DatasetError(f"{manifest_path} lists no recordings: nothing to convert (see the pair stage's report)")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+
+    records = _convert_all(inputs, config, cache_dir, progress)
+    episodes = [r for r in records if "excluded" not in r]
+    excluded = [r for r in records if "excluded" in r]
+    if not episodes:
+        reasons = "; ".join(f"{r['stem']}: {r['detail']}" for r in excluded[:5])
+        raise DatasetError(f"no recording could be converted ({reasons})")
+
+    frequency = _dataset_frequency(episodes, config)
+    _assemble(out_path, episodes, cache_dir, config, frequency)
+    files = [p for p in out_path.rglob("*") if p.is_file()]
+    return ConversionResult(
+        episodes=episodes,
+        excluded=excluded,
+        frequency_hz=frequency,
+        frames=sum(ep["frames"] for ep in episodes),
+        store_bytes=sum(p.stat().st_size for p in files),
+        store_files=len(files),
+    )
+
+
+def _dataset_frequency(episodes: list[dict[str, Any]], config: ConvertConfig) -> float:
+    if config.resample_hz is not None:
+        return float(config.resample_hz)
+    frequency = round(median(ep["frequency_hz"] for ep in episodes), 6)
+    off = [
+        f"{ep['stem']} ({ep['frequency_hz']:.2f} Hz)"
+        for ep in episodes
+        if abs(ep["frequency_hz"] - frequency) > config.frequency_tolerance * frequency
+    ]
+    if off:
+        raise DatasetError(
+            f"episodes recorded at another rate than the dataset's {frequency:.2f} Hz "
+            f"(tolerance {config.frequency_tolerance:.0%}): {', '.join(off)}. "
+            "Set convert.resample_hz to resample every episode onto one grid, or remove them from the export."
+        )
+    return frequency
+
+
+class _Appender:
+    """Appends rows to a zarr array in whole blocks, so no shard or chunk is written twice."""
+
+    def __init__(self, array: zarr.Array, block: int) -> None:
+        self.array, self.block, self.pending, self.written = array, block, [], 0
+
+    def append(self, rows: np.ndarray) -> None:
+        self.pending.append(rows)
+        buffered = sum(len(p) for p in self.pending)
+        if buffered >= self.block:
+            data = np.concatenate(self.pending)
+            full = len(data) // self.block * self.block
+            self.array[self.written : self.written + full] = data[:full]
+            self.written += full
+            self.pending = [data[full:]] if full < len(data) else []
+
+    def close(self) -> None:
+        if self.pending:
+            data = np.concatenate(self.pending)
+            self.array[self.written : self.written + len(data)] = data
+            self.written += len(data)
+            self.pending = []
+
+
+def _assemble(
+    out_path: Path, episodes: list[dict[str, Any]], cache_dir: Path, config: ConvertConfig, frequency: float
+) -> None:
+    out_path = Path(out_path)
+    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
+    for stale in out_path.parent.glob(f".{out_path.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)  # left by a killed run
+    total = sum(ep["frames"] for ep in episodes)
+    w, h = config.image_size
+
+    root = zarr.open_group(tmp, mode="w", zarr_format=3)
+    rgb = root.create_array(
+        layout.RGB,
+        shape=(total, h, w, 3),
+        dtype="uint8",
+        chunks=(1, h, w, 3),
+        shards=(layout.FRAMES_PER_SHARD, h, w, 3),
+        compressors=[BloscCodec(cname="zstd", clevel=3, shuffle=BloscShuffle.noshuffle)],
+    )
+    lowdim = {
+        key: root.create_array(
+            key, shape=(total, 1 if key == layout.GRIPPER_WIDTH else 3), dtype="float32",
+            chunks=(layout.LOWDIM_CHUNK, 1 if key == layout.GRIPPER_WIDTH else 3),
+        )
+        for key in layout.LOWDIM_KEYS
+    }
+    stamps = root.create_array(layout.TIMESTAMP, shape=(total,), dtype="float64", chunks=(layout.LOWDIM_CHUNK,))
+    appenders = {
+        layout.RGB: _Appender(rgb, layout.FRAMES_PER_SHARD),
+        **{k: _Appender(a, layout.LOWDIM_CHUNK) for k, a in lowdim.items()},
+        layout.TIMESTAMP: _Appender(stamps, layout.LOWDIM_CHUNK),
+    }
+    ends = []
+    for ep in episodes:
+        arrays = _load_arrays(cache_dir, ep["key"])
+        appenders[layout.RGB].append(arrays["rgb"])
+        appenders[layout.EEF_POS].append(arrays["eef_pos"])
+        appenders[layout.EEF_ROT].append(arrays["eef_rot"])
+        appenders[layout.GRIPPER_WIDTH].append(arrays["width"])
+        ns = arrays["capture_ns"]
+        appenders[layout.TIMESTAMP].append((ns - ns[0]).astype(np.float64) / 1e9)
+        ends.append((ends[-1] if ends else 0) + len(ns))
+    for appender in appenders.values():
+        appender.close()
+    root.create_array(layout.EPISODE_ENDS, data=np.asarray(ends, dtype=np.int64), chunks=(max(len(ends), 1),))
+    root.attrs.update(
+        {
+            layout.ATTRS_FORMAT: layout.FORMAT_VERSION,
+            layout.ATTRS_FREQUENCY: frequency,
+            layout.ATTRS_IMAGE_SIZE: [w, h],
+            layout.ATTRS_PARAMS: conversion_params(config),
+            layout.ATTRS_EPISODES: [{k: v for k, v in ep.items() if k != "key"} for ep in episodes],
+        }
+    )
+    _replace_dir(tmp, out_path)
+
+
+def _replace_dir(tmp: Path, out_path: Path) -> None:
+    old = out_path.with_name(f".{out_path.name}.old-{os.getpid()}")
+    if out_path.exists():
+        os.replace(out_path, old)
+    os.replace(tmp, out_path)
+    shutil.rmtree(old, ignore_errors=True)

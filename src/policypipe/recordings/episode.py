@@ -1,0 +1,283 @@
+"""One recording's streams -> one episode on the camera clock.
+
+For every kept camera frame, the gripper pose and width at that frame's capture time are
+interpolated (linear for position and width, spherical for orientation). Frames outside the
+span covered by pose and width are trimmed, never extrapolated. Timestamps stay integer
+nanoseconds until the final relative float64 seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+import av
+import cv2
+import numpy as np
+from scipy.spatial.transform import Rotation, Slerp
+
+from policypipe.recordings.streams import RecordingError, Streams, Topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """`convert` section of params.yaml."""
+
+    camera_topic: str = "/camera0/image"
+    pose_topic: str = "/vio/pose"
+    width_topic: str = "/gripper/width"
+    # For a foxglove.FrameTransform pose topic: the gripper's child frame (null: every transform).
+    pose_child_frame: str | None = None
+    width_stamp_field: str = "stamp_ns"
+    width_value_field: str = "width_m"
+    # (width, height) of the stored frames; resized with area averaging (suited to downscaling).
+    image_size: tuple[int, int] = (96, 96)
+    # Resample every episode onto this grid (Hz); null keeps the camera's own clock.
+    resample_hz: float | None = None
+    # An episode whose measured frequency differs from the dataset's by more than this
+    # fraction fails the stage (unless resample_hz is set).
+    frequency_tolerance: float = 0.05
+    # More undecodable frames than this fraction excludes the episode.
+    max_undecodable_fraction: float = 0.05
+    # VIO tracking loss: |q| off by more than this, or faster motion than a hand can make.
+    quaternion_norm_tolerance: float = 0.01
+    max_speed_m_s: float = 3.0
+    max_angular_speed_deg_s: float = 1000.0
+    on_tracking_loss: Literal["trim", "exclude"] = "trim"
+    # Episodes with fewer kept frames are excluded.
+    min_frames: int = 32
+    # Parallel conversion processes (0: all cores).
+    workers: int = 0
+
+    def __post_init__(self) -> None:
+        w, h = self.image_size
+        if not (8 <= w <= 4096 and 8 <= h <= 4096):
+            raise ValueError(f"image_size must be [width, height] between 8 and 4096, got {list(self.image_size)}")
+        if self.resample_hz is not None and not 0 < self.resample_hz <= 1000:
+            raise ValueError(f"resample_hz must be in (0, 1000] or null, got {self.resample_hz}")
+        for name in ("frequency_tolerance", "max_undecodable_fraction", "quaternion_norm_tolerance"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.max_speed_m_s <= 0 or self.max_angular_speed_deg_s <= 0:
+            raise ValueError("max_speed_m_s and max_angular_speed_deg_s must be positive")
+        if self.min_frames < 2:
+            raise ValueError(f"min_frames must be at least 2, got {self.min_frames}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0 (0: all cores), got {self.workers}")
+
+    @property
+    def topics(self) -> Topics:
+        return Topics(
+            camera=self.camera_topic,
+            pose=self.pose_topic,
+            width=self.width_topic,
+            pose_child_frame=self.pose_child_frame,
+            width_stamp_field=self.width_stamp_field,
+            width_value_field=self.width_value_field,
+        )
+
+
+@dataclass
+class Episode:
+    rgb: np.ndarray  # uint8 (N, H, W, 3)
+    eef_pos: np.ndarray  # float32 (N, 3)
+    eef_rot_axis_angle: np.ndarray  # float32 (N, 3)
+    gripper_width: np.ndarray  # float32 (N, 1)
+    capture_ns: np.ndarray  # int64 (N,), absolute capture time of each kept frame
+    frames_in: int
+    dropped: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def frequency_hz(self) -> float:
+        return measured_frequency(self.capture_ns)
+
+
+def measured_frequency(capture_ns: np.ndarray) -> float:
+    """The median frame interval, as a rate: robust to drops and jitter."""
+    if len(capture_ns) < 2:
+        return float("nan")
+    return 1e9 / float(np.median(np.diff(capture_ns)))
+
+
+# ---------------------------------------------------------------- camera
+
+
+def decode_frames(streams: Streams, image_size: tuple[int, int]) -> tuple[np.ndarray, list[np.ndarray | None]]:
+    """(capture ns (M,), resized RGB frame or None per message), both in file order.
+
+    H.264 frames are matched to their messages through the packet timestamp the decoder hands
+    back, never by position: a frame the decoder drops must not shift every later frame.
+    """
+    if streams.camera_format == "h264":
+        frames = _decode_h264(streams)
+    else:
+        frames = [_decode_still(data) for data in streams.camera_data]
+    return streams.camera_ns, [None if f is None else _resize_rgb(f, image_size) for f in frames]
+
+
+def _decode_still(data: bytes) -> np.ndarray | None:
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    return None if bgr is None else cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def _decode_h264(streams: Streams) -> list[np.ndarray | None]:
+    codec = av.CodecContext.create("h264", "r")
+    codec.thread_count = 1  # decoded pixels must not depend on the machine's core count
+    by_index: dict[int, np.ndarray] = {}
+
+    def collect(frames) -> None:
+        for frame in frames:
+            if frame.pts is not None:
+                by_index[int(frame.pts)] = frame.to_ndarray(format="rgb24")
+
+    for index, data in enumerate(streams.camera_data):
+        packet = av.Packet(data)
+        packet.pts = packet.dts = index  # the message's identity travels with the packet
+        try:
+            collect(codec.decode(packet))
+        except av.error.FFmpegError as exc:
+            log.debug("undecodable H.264 packet %d: %s", index, exc)
+    try:
+        collect(codec.decode(None))
+    except av.error.FFmpegError:
+        pass
+    return [by_index.get(i) for i in range(len(streams.camera_data))]
+
+
+def _resize_rgb(rgb: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
+    w, h = image_size
+    if rgb.shape[1] == w and rgb.shape[0] == h:
+        return np.ascontiguousarray(rgb)
+    interpolation = cv2.INTER_AREA if rgb.shape[1] >= w else cv2.INTER_LINEAR
+    return cv2.resize(rgb, (w, h), interpolation=interpolation)
+
+
+# ---------------------------------------------------------------- pose and width
+
+
+def clean_pose_span(
+    pose_ns: np.ndarray, position: np.ndarray, quaternion: np.ndarray, config: ConvertConfig
+) -> tuple[slice, int, np.ndarray, np.ndarray, np.ndarray]:
+    """Sorts and de-duplicates pose samples and finds tracking loss.
+
+    Returns (the longest clean span as a slice, the number of bad samples or jumps,
+    times, positions, unit quaternions) over the sorted samples.
+    """
+    order = np.argsort(pose_ns, kind="stable")
+    t, p, q = pose_ns[order], position[order], quaternion[order]
+    keep = np.concatenate([[True], np.diff(t) > 0])
+    t, p, q = t[keep], p[keep], q[keep]
+
+    norm = np.linalg.norm(q, axis=1)
+    valid = np.isfinite(p).all(axis=1) & np.isfinite(q).all(axis=1) & (np.abs(norm - 1) <= config.quaternion_norm_tolerance)
+    q = np.where(valid[:, None], q / np.where(norm > 0, norm, 1)[:, None], q)
+
+    # An edge between consecutive samples is broken if either end is invalid or the motion
+    # between them is faster than a hand can move: tracking loss, not motion.
+    dt = np.diff(t) / 1e9
+    speed = np.linalg.norm(np.diff(p, axis=0), axis=1) / dt
+    dot = np.abs(np.sum(q[1:] * q[:-1], axis=1)).clip(0, 1)
+    angular = np.degrees(2 * np.arccos(dot)) / dt
+    with np.errstate(invalid="ignore"):
+        good_edge = valid[1:] & valid[:-1] & (speed <= config.max_speed_m_s) & (angular <= config.max_angular_speed_deg_s)
+    problems = int((~valid).sum() + (valid[1:] & valid[:-1] & ~good_edge).sum())
+
+    # Longest run of valid samples joined by good edges, by duration (earliest on a tie).
+    bounds = [0, *(np.flatnonzero(~good_edge) + 1).tolist(), len(t)]
+    runs = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if valid[a:b].all()]
+    a, b = max(runs, key=lambda r: (t[r[1] - 1] - t[r[0]], -r[0]), default=(0, 0))
+    best = slice(a, b)
+    return best, problems, t, p, q
+
+
+def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
+    """The episode of one recording, or RecordingError saying why there is none."""
+    dropped: Counter[str] = Counter()
+    warnings: list[str] = []
+    if streams.truncated:
+        warnings.append(f"truncated recording: {streams.truncated}")
+
+    camera_ns, frames = decode_frames(streams, config.image_size)
+    frames_in = len(frames)
+    undecodable = sum(f is None for f in frames)
+    if undecodable:
+        dropped["undecodable"] += undecodable
+        if undecodable > config.max_undecodable_fraction * frames_in:
+            raise RecordingError(
+                "undecodable_frames",
+                f"{undecodable} of {frames_in} camera frames cannot be decoded "
+                f"(limit: convert.max_undecodable_fraction = {config.max_undecodable_fraction})",
+            )
+    out_of_order = int((np.diff(camera_ns) <= 0).sum())
+    if out_of_order:
+        warnings.append(f"{out_of_order} camera timestamps not increasing in file order: sorted by capture time")
+
+    decoded = np.array([f is not None for f in frames])
+    order = np.argsort(camera_ns, kind="stable")
+    order = order[decoded[order]]
+    t_cam = camera_ns[order]
+    unique = np.concatenate([[True], np.diff(t_cam) > 0]) if len(t_cam) else np.zeros(0, bool)
+    if (~unique).any():
+        dropped["duplicate_timestamp"] += int((~unique).sum())
+    order, t_cam = order[unique], t_cam[unique]
+
+    span, problems, pose_t, pos, quat = clean_pose_span(streams.pose_ns, streams.position, streams.quaternion, config)
+    if problems:
+        if config.on_tracking_loss == "exclude" or span.stop - span.start < 2:
+            raise RecordingError(
+                "tracking_loss",
+                f"VIO tracking loss: {problems} invalid pose samples or jumps faster than "
+                f"{config.max_speed_m_s} m/s / {config.max_angular_speed_deg_s} deg/s",
+            )
+        warnings.append(f"VIO tracking loss ({problems} bad samples or jumps): kept the longest clean span")
+    pose_t, pos, quat = pose_t[span], pos[span], quat[span]
+
+    w_order = np.argsort(streams.width_ns, kind="stable")
+    width_t, width = streams.width_ns[w_order], streams.width[w_order]
+    w_keep = np.concatenate([[True], np.diff(width_t) > 0]) & np.isfinite(width)
+    width_t, width = width_t[w_keep], width[w_keep]
+    if len(width_t) < 2 or len(pose_t) < 2:
+        raise RecordingError("too_short", "fewer than two usable pose or width samples")
+
+    lo, hi = max(pose_t[0], width_t[0]), min(pose_t[-1], width_t[-1])
+    inside = (t_cam >= lo) & (t_cam <= hi)
+    if problems:
+        dropped["tracking_loss"] += int((~inside).sum())
+    else:
+        dropped["outside_pose_or_width_span"] += int((~inside).sum())
+    order, t_cam = order[inside], t_cam[inside]
+
+    if config.resample_hz is not None and len(t_cam) >= 2:
+        step = int(round(1e9 / config.resample_hz))
+        grid = np.arange(t_cam[0], t_cam[-1] + 1, step, dtype=np.int64)
+        nearest = np.clip(np.searchsorted(t_cam, grid), 1, len(t_cam) - 1)
+        nearest -= (grid - t_cam[nearest - 1]) < (t_cam[nearest] - grid)
+        order, t_cam = order[nearest], grid
+
+    if len(t_cam) < config.min_frames:
+        raise RecordingError(
+            "too_short", f"{len(t_cam)} usable frames, fewer than convert.min_frames = {config.min_frames}"
+        )
+
+    # Interpolate on int64 offsets from a reference, so float64 keeps nanosecond precision.
+    ref = pose_t[0]
+    x_pose, x_cam = (pose_t - ref).astype(np.float64), (t_cam - ref).astype(np.float64)
+    eef_pos = np.stack([np.interp(x_cam, x_pose, pos[:, k]) for k in range(3)], axis=1)
+    rot = Slerp(x_pose, Rotation.from_quat(quat))(x_cam)
+    grip = np.interp((t_cam - ref).astype(np.float64), (width_t - ref).astype(np.float64), width)
+
+    return Episode(
+        rgb=np.stack([frames[i] for i in order]),
+        eef_pos=eef_pos.astype(np.float32),
+        eef_rot_axis_angle=rot.as_rotvec().astype(np.float32),
+        gripper_width=grip.astype(np.float32)[:, None],
+        capture_ns=t_cam,
+        frames_in=frames_in,
+        dropped={k: v for k, v in sorted(dropped.items()) if v},
+        warnings=warnings,
+    )

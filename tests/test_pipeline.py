@@ -1,0 +1,99 @@
+"""End to end: the real `dvc repro` on a copy of this repository and a generated export."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",
+}
+
+
+def env() -> dict[str, str]:
+    bin_dir = str(Path(sys.executable).parent)
+    return os.environ | GIT_ENV | {"PATH": bin_dir + os.pathsep + os.environ["PATH"], "DVC_NO_ANALYTICS": "1"}
+
+
+def run(cwd: Path, *args: str) -> str:
+    done = subprocess.run(args, cwd=cwd, env=env(), capture_output=True, text=True)
+    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+def checkout_copy(dest: Path) -> Path:
+    """This working tree's files (tracked and untracked, not ignored) in a fresh git repository."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO_ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        src = REPO_ROOT / rel
+        if src.is_file() and not rel.startswith("data/"):
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    run(dest, "git", "init", "-q", "-b", "main")
+    run(dest, "git", "add", "-A")
+    run(dest, "git", "commit", "-q", "-m", "copy")
+    return dest
+
+
+@pytest.fixture(scope="module")
+def demo_repo(tmp_path_factory) -> Path:
+    repo = checkout_copy(tmp_path_factory.mktemp("checkout"))
+    run(repo, "policypipe", "sample", "data/raw", "--recordings", "3", "--seed", "7")
+    run(repo, "dvc", "repro")
+    return repo
+
+
+def test_repro_pairs_the_sample_export_and_reports_every_defect(demo_repo: Path) -> None:
+    manifest = json.loads((demo_repo / "data/manifest.json").read_text())
+    metrics = json.loads((demo_repo / "metrics/pair.json").read_text())
+    report = json.loads((demo_repo / "metrics/pair_report.json").read_text())
+
+    assert metrics["recordings_accepted"] == len(manifest["recordings"]) == 3
+    exported = {p.relative_to(demo_repo / "data/raw").as_posix() for p in (demo_repo / "data/raw").rglob("*") if p.is_file()}
+    in_manifest = {f["path"] for r in manifest["recordings"] for f in r["files"].values()}
+    rejected = {r["path"] for r in report["rejected_files"]}
+    assert in_manifest | rejected == exported and not in_manifest & rejected  # every file accounted for, once
+
+
+def test_provenance_of_pair_holds_code_environment_machine_and_hashes(demo_repo: Path) -> None:
+    prov = json.loads((demo_repo / "metrics/provenance/pair.json").read_text())
+    head = run(demo_repo, "git", "rev-parse", "HEAD").strip()
+    assert prov["git"]["commit"] == head and prov["git"]["branch"] == "main"
+    assert prov["git"]["dirty"] is True  # the run's own outputs are not committed yet
+    assert prov["environment"]["lock"]["sha256"] and prov["environment"]["installed"]["dvc"]
+    assert prov["accelerator"]["device"] in ("cpu", "cuda")
+    assert prov["host"]["cpu_count"] >= 1
+    assert "stages/pair.py" in prov["command"]
+    assert prov["params"] == {"task": "pick_place", "accept_truncated": False, "hash_workers": 0}
+    assert set(prov["inputs_sha256"]) == {"data/raw"}
+    assert set(prov["outputs_sha256"]) == {"data/manifest.json", "metrics/pair_report.json", "metrics/pair.json"}
+    assert prov["duration_s"] >= 0
+
+
+def test_second_repro_changes_nothing(demo_repo: Path) -> None:
+    watched = ["data/manifest.json", "metrics/pair.json", "metrics/pair_report.json", "metrics/provenance/pair.json", "dvc.lock"]
+    before = {p: (demo_repo / p).read_bytes() for p in watched}
+    out = run(demo_repo, "dvc", "repro")
+    assert "didn't change" in out or "up to date" in out
+    assert {p: (demo_repo / p).read_bytes() for p in watched} == before
+
+
+def test_manifest_is_identical_in_another_checkout_location(demo_repo: Path, tmp_path: Path) -> None:
+    other = checkout_copy(tmp_path / "somewhere" / "else")
+    shutil.copytree(demo_repo / "data/raw", other / "data/raw")
+    run(other, "dvc", "repro")
+    assert (other / "data/manifest.json").read_bytes() == (demo_repo / "data/manifest.json").read_bytes()
