@@ -1,0 +1,507 @@
+"""The synthetic pick-and-place scene behind the sample recordings: ground-truth motion,
+a wrist-camera renderer and a machine-readable timecode.
+
+World frame (the VIO frame of the sample): z up, the table top is the plane z = 0.
+Tool frame (the gripper tool-centre point, TCP): +z is the approach direction (pointing
+down at the table when the gripper points down), +x is "forward" (up in the image), the
+fingers close along +-y (left/right in the image).
+
+The wrist camera is rigidly mounted behind and above the TCP and pitched forward, so the
+fingers appear at the bottom of the image and the table ahead of the gripper fills the
+rest. Everything the demonstrator does next (where to move, when to close) is visible in
+the image and nowhere else: the target block is placed at random for every recording.
+
+Ground truth is continuous in time (`MotionPlan.pose_at`, `MotionPlan.width_at` take any
+int64 nanosecond timestamps), so a test can evaluate it at whatever camera timestamps a
+recording ended up with. Positions and widths are quantised to 0.1 um and quaternion
+components to 1e-9: far below anything measurable, but it keeps last-bit differences
+between math libraries of different machines out of the written bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+from scipy.spatial.transform import Rotation
+
+# --- the camera ---------------------------------------------------------------------------
+
+CAMERA_PITCH_RAD = math.radians(35.0)  # optical axis tilted from tool +z towards tool +x
+CAMERA_OFFSET_TOOL = np.array([-0.04, 0.0, -0.12])  # camera centre in the tool frame, m
+FOCAL_PER_WIDTH = 0.6  # focal length in pixels / image width: ~80 deg horizontal field of view
+
+# Columns: camera axes (x right, y down, z optical axis, OpenCV convention) in the tool frame.
+# Without pitch: image right = tool +y, image down = tool -x, optical axis = tool +z.
+R_TOOL_CAM = Rotation.from_euler("y", CAMERA_PITCH_RAD).as_matrix() @ np.array(
+    [[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]
+)
+
+# --- the gripper --------------------------------------------------------------------------
+
+WIDTH_OPEN_M = 0.085
+FINGER_THICKNESS_M = 0.008
+FINGER_TIP_Z_M = 0.012  # fingertips reach this far beyond the TCP along the approach axis
+FINGER_BASE_Z_M = -0.04  # where the finger meets the gripper body (towards the camera)
+
+# --- the table ----------------------------------------------------------------------------
+
+TABLE_SIZE_M = 1.4
+TEXTURE_M_PER_PX = 0.002
+FLOOR_BGR = (58, 62, 66)
+# Table colours (BGR): wood, grey, green mat, blue-grey. None of them is red, so "red pixels"
+# means the target.
+TABLE_PALETTE_BGR = ((120, 160, 190), (150, 150, 148), (95, 135, 90), (165, 140, 115))
+TARGET_TOP_BGR = (40, 40, 215)
+TARGET_SIDE_BGR = (30, 30, 150)
+PLACE_MARK_BGR = (190, 110, 30)
+FINGER_BGR = (78, 80, 84)
+FINGER_PAD_BGR = (30, 30, 32)
+
+# --- the timecode -------------------------------------------------------------------------
+
+TIMECODE_BITS = 20
+TIMECODE_CELLS = 24  # white reference, black reference, 20 data bits (MSB first), parity, black
+TIMECODE_STRIP_FRACTION = 1.0 / 6.0  # the strip covers the top sixth of the image
+
+
+@dataclass(frozen=True, eq=False)
+class Scene:
+    """What is on the table of one recording (world frame, metres, radians)."""
+
+    target_xy: np.ndarray  # (2,) centre of the target block on the table
+    target_yaw: float  # direction of the block's long side
+    target_size: tuple[float, float, float]  # (narrow side: what the gripper closes on, long side, height)
+    place_xy: np.ndarray  # (2,) centre of the place marker
+    place_yaw: float
+    table_center: np.ndarray  # (2,)
+    table_bgr: tuple[int, int, int]
+    texture_seed: int
+
+
+@dataclass(frozen=True, eq=False)
+class MotionPlan:
+    """One recording's continuous ground truth: the demonstrator's TCP pose, the gripper
+    width and the target block, as functions of absolute capture time (Unix ns).
+
+    The motion is piecewise minimum-jerk between knots (hand movements start and stop
+    smoothly) plus a small smooth wobble (a hand is never still). Before the first and
+    after the last knot the hand holds still (plus wobble).
+    """
+
+    start_ns: int
+    end_ns: int
+    knot_s: np.ndarray  # (K,) seconds since start_ns, strictly increasing
+    knot_position: np.ndarray  # (K, 3) TCP position, m
+    knot_yaw: np.ndarray  # (K,) rad, about world z
+    knot_width: np.ndarray  # (K,) m
+    tilt_rad: tuple[float, float]  # constant (roll, pitch) of the hand about tool x and y
+    wobble_hz: np.ndarray  # (M, 6) frequencies per component: x, y, z, roll, pitch, yaw
+    wobble_phase: np.ndarray  # (M, 6)
+    wobble_amp: np.ndarray  # (M, 6) m for x y z, rad for the angles
+    attach_s: float  # the block is held from here (fingers closed on it) ...
+    release_s: float  # ... to here (fingers start to open)
+    scene: Scene
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def events_ns(self) -> dict[str, int]:
+        """Moments a test may want to look at: grasp (block held) and release."""
+        return {
+            "grasp": self.start_ns + int(round(self.attach_s * 1e9)),
+            "release": self.start_ns + int(round(self.release_s * 1e9)),
+        }
+
+    def _seconds(self, t_ns: np.ndarray) -> np.ndarray:
+        # Subtract in integers first: float64 cannot hold absolute Unix ns exactly.
+        return (np.asarray(t_ns, dtype=np.int64) - np.int64(self.start_ns)).astype(np.float64) / 1e9
+
+    def _wobble(self, t_s: np.ndarray) -> np.ndarray:
+        """(N, 6) smooth hand tremor: a few slow sinusoids per component."""
+        angle = 2.0 * np.pi * self.wobble_hz[None] * t_s[:, None, None] + self.wobble_phase[None]
+        return (self.wobble_amp[None] * np.sin(angle)).sum(axis=1)
+
+    def _tool_rotation(self, t_s: np.ndarray) -> Rotation:
+        wobble = self._wobble(t_s)
+        yaw = _min_jerk(self.knot_s, self.knot_yaw[:, None], t_s)[:, 0] + wobble[:, 5]
+        roll = self.tilt_rad[0] + wobble[:, 3]
+        pitch = self.tilt_rad[1] + wobble[:, 4]
+        # Yaw about world z, then point the tool down (half turn about x), then the hand's
+        # small tilts about its own axes.
+        return (
+            Rotation.from_euler("z", yaw[:, None])
+            * Rotation.from_rotvec([math.pi, 0.0, 0.0])
+            * Rotation.from_euler("x", roll[:, None])
+            * Rotation.from_euler("y", pitch[:, None])
+        )
+
+    def _heading(self, t_s: np.ndarray) -> np.ndarray:
+        """(N,) direction of the tool's x axis on the table, rad."""
+        x_axis = self._tool_rotation(t_s).as_matrix()[:, :, 0]
+        return np.arctan2(x_axis[:, 1], x_axis[:, 0])
+
+    def pose_at(self, t_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """TCP pose at capture times `t_ns` (N,) int64: positions (N, 3) m and unit
+        quaternions (N, 4) xyzw, in the world frame. The quaternion sign is chosen on the
+        hemisphere of the start orientation, so consecutive samples never flip sign."""
+        t_s = self._seconds(np.atleast_1d(t_ns))
+        position = _min_jerk(self.knot_s, self.knot_position, t_s) + self._wobble(t_s)[:, :3]
+        quat = self._tool_rotation(t_s).as_quat()
+        reference = (Rotation.from_euler("z", self.knot_yaw[0]) * Rotation.from_rotvec([math.pi, 0, 0])).as_quat()
+        quat = np.where((quat @ reference)[:, None] < 0.0, -quat, quat)
+        return np.round(position, 7), np.round(quat, 9)
+
+    def width_at(self, t_ns: np.ndarray) -> np.ndarray:
+        """Gripper opening (N,) m at capture times `t_ns` (N,) int64."""
+        t_s = self._seconds(np.atleast_1d(t_ns))
+        return np.round(_min_jerk(self.knot_s, self.knot_width[:, None], t_s)[:, 0], 7)
+
+    def target_at(self, t_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Centre (N, 3) m and yaw (N,) rad of the target block: on the table until the
+        fingers close on it, then carried by the TCP, then left where it was released."""
+        t_s = self._seconds(np.atleast_1d(t_ns))
+        size = self.scene.target_size
+        on_table = np.array([*self.scene.target_xy, size[2] / 2.0])
+        centre = np.tile(on_table, (len(t_s), 1))
+        yaw = np.full(len(t_s), self.scene.target_yaw)
+        held = (t_s >= self.attach_s) & (t_s < self.release_s)
+        released = t_s >= self.release_s
+        key_s = np.array([self.attach_s, self.release_s])
+        key_pos = _min_jerk(self.knot_s, self.knot_position, key_s) + self._wobble(key_s)[:, :3]
+        key_yaw = self._heading(key_s)
+        # The block keeps the yaw it had relative to the fingers when they closed on it.
+        yaw_in_hand = self.scene.target_yaw - key_yaw[0]
+        if held.any():
+            ts = t_s[held]
+            centre[held] = _min_jerk(self.knot_s, self.knot_position, ts) + self._wobble(ts)[:, :3]
+            yaw[held] = self._heading(ts) + yaw_in_hand
+        if released.any():
+            centre[released] = [key_pos[1, 0], key_pos[1, 1], size[2] / 2.0]
+            yaw[released] = key_yaw[1] + yaw_in_hand
+        return centre, yaw
+
+
+def _min_jerk(knot_s: np.ndarray, values: np.ndarray, t_s: np.ndarray) -> np.ndarray:
+    """Piecewise minimum-jerk interpolation of `values` (K, D) at `t_s` (N,) -> (N, D):
+    zero velocity and acceleration at every knot, constant outside the knots."""
+    k = len(knot_s)
+    i = np.clip(np.searchsorted(knot_s, t_s, side="right") - 1, 0, k - 2)
+    tau = np.clip((t_s - knot_s[i]) / (knot_s[i + 1] - knot_s[i]), 0.0, 1.0)
+    s = tau**3 * (10.0 - 15.0 * tau + 6.0 * tau**2)
+    return values[i] + (values[i + 1] - values[i]) * s[:, None]
+
+
+def _wrap(angle: float) -> float:
+    return (angle + math.pi) % (2.0 * math.pi) - math.pi
+
+
+def plan_motion(rng: np.random.Generator, start_ns: int, duration_s: float | None = None) -> MotionPlan:
+    """A pick-and-place demonstration with a random scene: start behind the block, approach
+    above it while turning the fingers across it, descend, close, lift, carry to the place
+    marker, lower, open, retreat. Episodes last 7-11 s; `duration_s` rescales the phases to
+    an exact length (>= 2 s)."""
+    if duration_s is not None and not (2.0 <= duration_s <= 600.0):
+        raise ValueError(f"duration_s={duration_s}: use a duration between 2 and 600 seconds")
+
+    heading = float(rng.uniform(-math.pi, math.pi))  # direction the demonstrator works in
+    forward = np.array([math.cos(heading), math.sin(heading)])
+    left = np.array([-forward[1], forward[0]])
+
+    narrow = float(rng.uniform(0.022, 0.030))
+    size = (narrow, float(rng.uniform(0.05, 0.07)), float(rng.uniform(0.035, 0.05)))
+    target_xy = np.array([0.45, 0.0]) + rng.uniform(-0.08, 0.08, size=2)
+    target_yaw = float(rng.uniform(-math.pi, math.pi))
+    place_dir = heading + float(rng.uniform(-1.0, 1.0))
+    place_xy = target_xy + float(rng.uniform(0.15, 0.24)) * np.array([math.cos(place_dir), math.sin(place_dir)])
+
+    start_yaw = heading + float(rng.uniform(-0.15, 0.15))
+    # The fingers close across the narrow side, so the tool's x axis lies along the block's
+    # long side; of the two ways to do that, the hand takes the one closer to where it points.
+    grasp_yaw = start_yaw + _wrap(2.0 * (target_yaw - start_yaw)) / 2.0
+    place_yaw = grasp_yaw + float(rng.uniform(-0.5, 0.5))
+
+    start = np.array(
+        [
+            *(target_xy - rng.uniform(0.12, 0.22) * forward + rng.uniform(-0.06, 0.06) * left),
+            rng.uniform(0.20, 0.28),
+        ]
+    )
+    grasp_z = size[2] / 2.0
+    above = np.array([*(target_xy + rng.normal(0.0, 0.003, 2)), size[2] + rng.uniform(0.08, 0.12)])
+    grasp = np.array([above[0], above[1], grasp_z + 0.003])
+    lifted = np.array([grasp[0], grasp[1], rng.uniform(0.12, 0.16)])
+    over_place = np.array([*(place_xy + rng.normal(0.0, 0.004, 2)), lifted[2] + rng.uniform(-0.02, 0.02)])
+    placed = np.array([over_place[0], over_place[1], grasp_z + 0.005])
+    retreat = placed + np.array([*(-rng.uniform(0.0, 0.05) * forward), rng.uniform(0.08, 0.12)])
+
+    width_open = float(rng.uniform(0.078, WIDTH_OPEN_M))
+    width_closed = narrow - 0.001  # the fingers squeeze the block a little
+
+    # (phase duration s, position, yaw, width) reached at the end of each phase
+    phases = [
+        (rng.uniform(0.4, 0.7), start, start_yaw, width_open),  # hold still
+        (rng.uniform(1.4, 2.2), above, grasp_yaw, width_open),  # approach
+        (rng.uniform(0.8, 1.2), grasp, grasp_yaw, width_open),  # descend
+        (rng.uniform(0.4, 0.6), grasp, grasp_yaw, width_closed),  # close
+        (rng.uniform(0.15, 0.25), grasp, grasp_yaw, width_closed),  # settle
+        (rng.uniform(0.7, 1.0), lifted, grasp_yaw, width_closed),  # lift
+        (rng.uniform(1.2, 1.8), over_place, place_yaw, width_closed),  # carry
+        (rng.uniform(0.6, 0.9), placed, place_yaw, width_closed),  # lower
+        (rng.uniform(0.3, 0.5), placed, place_yaw, width_open),  # open
+        (rng.uniform(0.6, 0.9), retreat, place_yaw, width_open),  # retreat
+        (rng.uniform(0.3, 0.6), retreat, place_yaw, width_open),  # hold still
+    ]
+    durations = np.array([p[0] for p in phases])
+    if duration_s is not None:
+        durations *= duration_s / durations.sum()
+    knot_s = np.concatenate([[0.0], np.cumsum(durations)])
+    knot_position = np.array([start] + [p[1] for p in phases])
+    knot_yaw = np.array([start_yaw] + [p[2] for p in phases])
+    knot_width = np.array([width_open] + [p[3] for p in phases])
+
+    m = 3
+    wobble_hz = rng.uniform(0.2, 1.3, size=(m, 6))
+    wobble_phase = rng.uniform(0.0, 2.0 * np.pi, size=(m, 6))
+    # ~2 mm of positional tremor, ~0.6 deg of angular tremor per component.
+    wobble_amp = np.concatenate(
+        [rng.uniform(0.0005, 0.0012, size=(m, 3)), np.radians(rng.uniform(0.1, 0.35, size=(m, 3)))], axis=1
+    )
+
+    scene = Scene(
+        target_xy=target_xy,
+        target_yaw=target_yaw,
+        target_size=size,
+        place_xy=place_xy,
+        place_yaw=place_yaw,
+        table_center=(target_xy + place_xy) / 2.0,
+        table_bgr=TABLE_PALETTE_BGR[int(rng.integers(len(TABLE_PALETTE_BGR)))],
+        texture_seed=int(rng.integers(2**31)),
+    )
+    return MotionPlan(
+        start_ns=int(start_ns),
+        end_ns=int(start_ns) + int(round(float(knot_s[-1]) * 1e9)),
+        knot_s=knot_s,
+        knot_position=knot_position,
+        knot_yaw=knot_yaw,
+        knot_width=knot_width,
+        tilt_rad=(float(np.radians(rng.uniform(-5, 5))), float(np.radians(rng.uniform(-5, 5)))),
+        wobble_hz=wobble_hz,
+        wobble_phase=wobble_phase,
+        wobble_amp=wobble_amp,
+        attach_s=float(knot_s[4]),  # end of "close"
+        release_s=float(knot_s[8]),  # start of "open"
+        scene=scene,
+    )
+
+
+# --- rendering ----------------------------------------------------------------------------
+
+
+def camera_matrix(width: int, height: int) -> np.ndarray:
+    f = FOCAL_PER_WIDTH * width
+    return np.array([[f, 0.0, width / 2.0], [0.0, f, height / 2.0], [0.0, 0.0, 1.0]])
+
+
+def camera_in_world(position: np.ndarray, quat_xyzw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Camera rotation (N, 3, 3) (columns: camera axes in the world) and centre (N, 3),
+    from TCP poses (N, 3), (N, 4)."""
+    r_world_tool = Rotation.from_quat(quat_xyzw).as_matrix()
+    return r_world_tool @ R_TOOL_CAM, position + r_world_tool @ CAMERA_OFFSET_TOOL
+
+
+def project(points_world: np.ndarray, r_world_cam: np.ndarray, centre: np.ndarray, k: np.ndarray):
+    """Pixels (P, 2) and depths (P,) of world points (P, 3) seen by one camera."""
+    cam = (points_world - centre) @ r_world_cam  # rows: R^T (p - c)
+    depth = cam[:, 2]
+    uv = (cam @ k.T)[:, :2] / np.maximum(depth, 1e-9)[:, None]
+    return uv, depth
+
+
+def table_texture(scene: Scene) -> np.ndarray:
+    """(T, T, 3) uint8 BGR top view of the table, TEXTURE_M_PER_PX per pixel: a base colour
+    with slow blotches, tape lines every 10 cm, scattered marks (so motion is visible
+    everywhere) and the blue place marker."""
+    rng = np.random.default_rng(scene.texture_seed)
+    n = int(round(TABLE_SIZE_M / TEXTURE_M_PER_PX))
+    blotch = cv2.resize(rng.uniform(-14, 14, size=(7, 7)).astype(np.float32), (n, n), interpolation=cv2.INTER_CUBIC)
+    tex = np.clip(np.array(scene.table_bgr, np.float32)[None, None] + blotch[..., None], 0, 255).astype(np.uint8)
+    dark = tuple(int(c * 0.72) for c in scene.table_bgr)
+    light = tuple(min(255, int(c * 1.2) + 10) for c in scene.table_bgr)
+    step = int(round(0.1 / TEXTURE_M_PER_PX))
+    for i in range(step // 2, n, step):
+        cv2.line(tex, (i, 0), (i, n - 1), dark, 1, cv2.LINE_AA)
+        cv2.line(tex, (0, i), (n - 1, i), dark, 1, cv2.LINE_AA)
+    for _ in range(90):
+        centre = (int(rng.integers(n)), int(rng.integers(n)))
+        colour = dark if rng.random() < 0.6 else light
+        if rng.random() < 0.5:
+            axes = (int(rng.integers(3, 14)), int(rng.integers(3, 14)))
+            cv2.ellipse(tex, centre, axes, float(rng.uniform(0, 180)), 0, 360, colour, -1, cv2.LINE_AA)
+        else:
+            end = (centre[0] + int(rng.integers(-40, 40)), centre[1] + int(rng.integers(-40, 40)))
+            cv2.line(tex, centre, end, colour, int(rng.integers(2, 5)), cv2.LINE_AA)
+    # Place marker: a square outline, 9 cm.
+    corners = _rectangle(scene.place_xy, scene.place_yaw, 0.09, 0.09)
+    pix = ((corners - _texture_origin(scene)) / TEXTURE_M_PER_PX * 16).round().astype(np.int32)
+    cv2.polylines(tex, [pix], True, PLACE_MARK_BGR, 5, cv2.LINE_AA, shift=4)
+    return tex
+
+
+def _texture_origin(scene: Scene) -> np.ndarray:
+    return scene.table_center - TABLE_SIZE_M / 2.0
+
+
+def _rectangle(centre_xy: np.ndarray, yaw: float, length: float, width: float) -> np.ndarray:
+    """(4, 2) corners of a rectangle on the table, `length` along `yaw`."""
+    along = np.array([math.cos(yaw), math.sin(yaw)]) * length / 2.0
+    across = np.array([-math.sin(yaw), math.cos(yaw)]) * width / 2.0
+    return centre_xy + np.array([along + across, along - across, -along - across, -along + across])
+
+
+def _box_corners(centre: np.ndarray, yaw: float, size: tuple[float, float, float]) -> np.ndarray:
+    """(8, 3) corners of the target block: bottom four, then top four."""
+    rect = _rectangle(centre[:2], yaw, size[1], size[0])
+    bottom = np.column_stack([rect, np.full(4, centre[2] - size[2] / 2.0)])
+    top = np.column_stack([rect, np.full(4, centre[2] + size[2] / 2.0)])
+    return np.vstack([bottom, top])
+
+
+def _fixed(uv: np.ndarray) -> np.ndarray:
+    # cv2 draws sub-pixel polygons from 28.4 fixed-point coordinates (shift=4).
+    return np.round(np.clip(uv, -1e5, 1e5) * 16).astype(np.int32)
+
+
+def render_frames_bgr(
+    plan: MotionPlan,
+    t_ns: np.ndarray,
+    image_size: tuple[int, int],
+    *,
+    timecode: bool = False,
+    texture: np.ndarray | None = None,
+):
+    """Yields one (H, W, 3) uint8 BGR wrist-camera image per capture time in `t_ns` (N,)."""
+    width, height = image_size
+    k = camera_matrix(width, height)
+    tex = table_texture(plan.scene) if texture is None else texture
+    t_ns = np.asarray(t_ns, dtype=np.int64)
+    position, quat = plan.pose_at(t_ns)
+    r_cam, c_cam = camera_in_world(position, quat)
+    target_centre, target_yaw = plan.target_at(t_ns)
+    grip = plan.width_at(t_ns)
+    origin = _texture_origin(plan.scene)
+    texture_to_world = np.array(
+        [[TEXTURE_M_PER_PX, 0.0, origin[0]], [0.0, TEXTURE_M_PER_PX, origin[1]], [0.0, 0.0, 1.0]]
+    )
+    for i in range(len(t_ns)):
+        r_cw = r_cam[i].T
+        # Homography from the table plane z=0 to the image: K [r1 r2 t] (standard plane pose).
+        plane_to_image = k @ np.column_stack([r_cw[:, 0], r_cw[:, 1], -r_cw @ c_cam[i]])
+        image = cv2.warpPerspective(
+            tex,
+            plane_to_image @ texture_to_world,
+            (width, height),
+            flags=cv2.INTER_LINEAR,
+            borderMode=cv2.BORDER_CONSTANT,
+            borderValue=FLOOR_BGR,
+        )
+        _draw_target(image, _box_corners(target_centre[i], float(target_yaw[i]), plan.scene.target_size), r_cam[i], c_cam[i], k)
+        _draw_fingers(image, float(grip[i]), k)
+        if timecode:
+            draw_timecode(image, timecode_value(int(t_ns[i])))
+        yield image
+
+
+def render_frame(plan: MotionPlan, t_ns: int, image_size: tuple[int, int] = (320, 240), *, timecode: bool = False) -> np.ndarray:
+    """One (H, W, 3) uint8 RGB wrist-camera image at capture time `t_ns`."""
+    bgr = next(render_frames_bgr(plan, np.array([t_ns]), image_size, timecode=timecode))
+    return np.ascontiguousarray(bgr[..., ::-1])
+
+
+def _draw_target(image: np.ndarray, corners: np.ndarray, r_cam: np.ndarray, c_cam: np.ndarray, k: np.ndarray) -> None:
+    uv, depth = project(corners, r_cam, c_cam, k)
+    if depth.min() < 0.02:  # behind or touching the lens: not drawn (never happens in a plan)
+        return
+    hull = cv2.convexHull(uv.astype(np.float32)).reshape(-1, 2)
+    cv2.fillConvexPoly(image, _fixed(hull), TARGET_SIDE_BGR, cv2.LINE_AA, shift=4)
+    cv2.fillConvexPoly(image, _fixed(uv[4:]), TARGET_TOP_BGR, cv2.LINE_AA, shift=4)
+
+
+def _draw_fingers(image: np.ndarray, width_m: float, k: np.ndarray) -> None:
+    """Two finger plates at the bottom of the image; rigid on the camera, so only their gap
+    moves."""
+    for side in (-1.0, 1.0):
+        inner = side * width_m / 2.0
+        outer = side * (width_m / 2.0 + FINGER_THICKNESS_M)
+        # (8, 3) corners of the plate in the tool frame: 2 cm deep along x.
+        plate = np.array(
+            [[x, y, z] for x in (-0.008, 0.008) for y in (inner, outer) for z in (FINGER_TIP_Z_M, FINGER_BASE_Z_M)]
+        )
+        uv, _ = project(plate, R_TOOL_CAM, CAMERA_OFFSET_TOOL, k)
+        # The finger's root continues straight down out of the image, to the gripper body.
+        root = uv[np.argsort(uv[:, 1])[-2:]]
+        uv = np.vstack([uv, np.column_stack([root[:, 0], np.full(2, image.shape[0] + 2.0)])])
+        hull = cv2.convexHull(uv.astype(np.float32)).reshape(-1, 2)
+        cv2.fillConvexPoly(image, _fixed(hull), FINGER_BGR, cv2.LINE_AA, shift=4)
+        # The rubber pad on the inner face near the tip: dark, shows where the fingers touch.
+        pad = np.array([[x, inner, z] for x in (-0.008, 0.008) for z in (FINGER_TIP_Z_M, FINGER_TIP_Z_M - 0.02)])
+        uv, _ = project(pad, R_TOOL_CAM, CAMERA_OFFSET_TOOL, k)
+        hull = cv2.convexHull(uv.astype(np.float32)).reshape(-1, 2)
+        cv2.fillConvexPoly(image, _fixed(hull), FINGER_PAD_BGR, cv2.LINE_AA, shift=4)
+
+
+# --- timecode -----------------------------------------------------------------------------
+
+
+def timecode_value(t_ns: int) -> int:
+    """What the timecode of a frame captured at `t_ns` encodes: the capture time in whole
+    milliseconds, modulo 2**20 (unique within any 17 minutes, longer than a recording)."""
+    return (int(t_ns) // 1_000_000) % (1 << TIMECODE_BITS)
+
+
+def _timecode_cells(value: int) -> list[int]:
+    bits = [(value >> (TIMECODE_BITS - 1 - i)) & 1 for i in range(TIMECODE_BITS)]
+    return [1, 0, *bits, sum(bits) % 2, 0]
+
+
+def draw_timecode(image: np.ndarray, value: int) -> None:
+    """Draws `value` (0 <= value < 2**20) as a strip of 24 black/white cells across the top
+    sixth of the image, in place. Each cell is 1/24 of the width, big enough to survive
+    JPEG, H.264 and a resize down to 64x48."""
+    if not 0 <= value < (1 << TIMECODE_BITS):
+        raise ValueError(f"timecode value {value} does not fit {TIMECODE_BITS} bits")
+    height, width = image.shape[:2]
+    strip = max(2, int(round(height * TIMECODE_STRIP_FRACTION)))
+    for i, bit in enumerate(_timecode_cells(value)):
+        x0 = int(round(i * width / TIMECODE_CELLS))
+        x1 = int(round((i + 1) * width / TIMECODE_CELLS))
+        image[:strip, x0:x1] = 255 if bit else 0
+
+
+def read_timecode(rgb_image: np.ndarray) -> int:
+    """The value drawn by `draw_timecode` (see `timecode_value`: capture time in ms modulo
+    2**20) from an RGB or grey image of any size down to 64x48. Raises ValueError when the
+    strip is not there (reference cells or parity do not check out)."""
+    image = np.asarray(rgb_image, dtype=np.float64)
+    grey = image.mean(axis=2) if image.ndim == 3 else image
+    height, width = grey.shape
+    strip = height * TIMECODE_STRIP_FRACTION
+    rows = slice(int(strip * 0.25), max(int(strip * 0.25) + 1, int(math.ceil(strip * 0.75))))
+    levels = []
+    for i in range(TIMECODE_CELLS):
+        # The middle third of each cell: away from the edges that compression smears.
+        x0 = int(math.floor((i + 1 / 3) * width / TIMECODE_CELLS))
+        x1 = max(x0 + 1, int(math.ceil((i + 2 / 3) * width / TIMECODE_CELLS)))
+        levels.append(float(grey[rows, x0:x1].mean()))
+    white, black = levels[0], levels[1]
+    if white - black < 60.0:
+        raise ValueError("no timecode strip in this image (reference cells lack contrast)")
+    cells = [int(level > (white + black) / 2.0) for level in levels]
+    bits = cells[2 : 2 + TIMECODE_BITS]
+    if cells[-1] != 0 or cells[2 + TIMECODE_BITS] != sum(bits) % 2:
+        raise ValueError("timecode strip unreadable (parity check failed)")
+    return int("".join(map(str, bits)), 2)
