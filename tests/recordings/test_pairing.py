@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -211,3 +211,38 @@ def test_real_public_mcap_files_are_paired_or_rejected_never_a_crash(export: Pat
     assert reasons(result) == {
         f"eol_damaged{suffix}": "not_mcap" for suffix in (".mcap", "_vio.mcap", "_vio.json")
     }
+
+
+SAMPLE_DEFECT_REASONS = {
+    "status_failed": "status_not_success",
+    "missing_json": "not_paired",
+    "empty_vio": "empty",
+    "retry_leftover": "not_an_input",
+    "partial_leftover": "not_an_input",
+    "other_task": "other_task",
+    "invalid_json": "invalid_json",
+    "source_outside": "source_not_in_folder",
+    "duplicate_stem": "duplicate_stem",
+    "truncated_vio": "truncated",
+    "not_mcap": "not_mcap",
+}
+
+
+def test_sample_export_every_defect_rejected_with_its_reason_and_nothing_else(tmp_path: Path) -> None:
+    from policypipe.recordings.sample import SampleConfig, write_sample_export
+
+    sample = write_sample_export(tmp_path / "raw", SampleConfig(recordings=3, seed=5, image_width=96, image_height=72))
+    assert set(sample.defects) == set(SAMPLE_DEFECT_REASONS)
+
+    result = pair_export(sample.root, CONFIG)
+
+    assert [r.stem for r in result.recordings] == sorted(sample.good_stems)
+    expected = {path: SAMPLE_DEFECT_REASONS[name] for name, paths in sample.defects.items() for path in paths}
+    assert reasons(result) == expected
+    failed = next(r for r in result.rejections if r.reason is Reason.STATUS_NOT_SUCCESS)
+    assert "status 'failed': " in failed.detail and len(failed.detail) > len("status 'failed': ") + 5
+
+    lenient = pair_export(sample.root, PairConfig(task="pick_place", accept_truncated=True))
+    assert [r.stem for r in lenient.recordings if r.truncated] == [
+        PurePosixPath(sample.defects["truncated_vio"][0]).name.split("_vio")[0].removesuffix(".mcap")
+    ]

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, BloscShuffle
 
 from policypipe.atomic import canonical_json, write_bytes_atomic
 from policypipe.dataset import layout
+from policypipe.dataset.image_codec import JpegCodec
 from policypipe.recordings.episode import ConvertConfig, Episode, build_episode
 from policypipe.recordings.streams import RecordingError, read_streams
 
@@ -107,11 +107,14 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
             "frames_in": episode.frames_in,
             "dropped": episode.dropped,
             "frequency_hz": round(episode.frequency_hz, 6),
+            "camera_gaps": episode.camera_gaps,
             "warnings": episode.warnings,
         }
-    # The record is written last: its presence means the entry is complete.
-    write_bytes_atomic(record_path, canonical_json(record))
-    return record
+    # The record is written last: its presence means the entry is complete. It is returned as
+    # read back, so a fresh and a cached conversion give the same attributes, key order included.
+    blob = canonical_json(record)
+    write_bytes_atomic(record_path, blob)
+    return json.loads(blob)
 
 
 def _save_arrays(path: Path, episode: Episode) -> None:
@@ -177,6 +180,7 @@ class ConversionResult:
         dropped: Counter[str] = Counter()
         for ep in self.episodes:
             dropped.update(ep["dropped"])
+            dropped["camera_gap"] += ep["camera_gaps"]
         return {
             "episodes": len(self.episodes),
             "frames": self.frames,
@@ -285,7 +289,8 @@ def _assemble(
         dtype="uint8",
         chunks=(1, h, w, 3),
         shards=(layout.FRAMES_PER_SHARD, h, w, 3),
-        compressors=[BloscCodec(cname="zstd", clevel=3, shuffle=BloscShuffle.noshuffle)],
+        serializer=JpegCodec(quality=config.jpeg_quality),
+        compressors=None,
     )
     lowdim = {
         key: root.create_array(

@@ -36,6 +36,8 @@ class ConvertConfig:
     width_value_field: str = "width_m"
     # (width, height) of the stored frames; resized with area averaging (suited to downscaling).
     image_size: tuple[int, int] = (96, 96)
+    # Frames are stored as JPEG (see README, "Image codec").
+    jpeg_quality: int = 95
     # Resample every episode onto this grid (Hz); null keeps the camera's own clock.
     resample_hz: float | None = None
     # An episode whose measured frequency differs from the dataset's by more than this
@@ -57,6 +59,8 @@ class ConvertConfig:
         w, h = self.image_size
         if not (8 <= w <= 4096 and 8 <= h <= 4096):
             raise ValueError(f"image_size must be [width, height] between 8 and 4096, got {list(self.image_size)}")
+        if not 50 <= self.jpeg_quality <= 100:
+            raise ValueError(f"jpeg_quality must be 50..100, got {self.jpeg_quality}")
         if self.resample_hz is not None and not 0 < self.resample_hz <= 1000:
             raise ValueError(f"resample_hz must be in (0, 1000] or null, got {self.resample_hz}")
         for name in ("frequency_tolerance", "max_undecodable_fraction", "quaternion_norm_tolerance"):
@@ -96,12 +100,34 @@ class Episode:
     def frequency_hz(self) -> float:
         return measured_frequency(self.capture_ns)
 
+    @property
+    def camera_gaps(self) -> int:
+        return missing_frames(self.capture_ns)
 
-def measured_frequency(capture_ns: np.ndarray) -> float:
-    """The median frame interval, as a rate: robust to drops and jitter."""
+
+def frame_interval_ns(capture_ns: np.ndarray) -> float:
+    """The median frame interval, over intervals that are not gaps left by dropped frames.
+
+    A plain median is pulled up by drops (each one a double interval); taking the median again
+    over intervals shorter than 1.5x the first estimate leaves only the camera's own clock.
+    """
     if len(capture_ns) < 2:
         return float("nan")
-    return 1e9 / float(np.median(np.diff(capture_ns)))
+    intervals = np.diff(capture_ns).astype(np.float64)
+    rough = np.median(intervals)
+    return float(np.median(intervals[intervals < 1.5 * rough]))
+
+
+def measured_frequency(capture_ns: np.ndarray) -> float:
+    return 1e9 / frame_interval_ns(capture_ns)
+
+
+def missing_frames(capture_ns: np.ndarray) -> int:
+    """Frames the camera's clock says are missing between the kept ones (drops, not jitter)."""
+    if len(capture_ns) < 2:
+        return 0
+    slots = np.rint(np.diff(capture_ns) / frame_interval_ns(capture_ns)).astype(np.int64)
+    return int(np.clip(slots - 1, 0, None).sum())
 
 
 # ---------------------------------------------------------------- camera

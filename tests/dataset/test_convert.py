@@ -1,0 +1,276 @@
+"""convert on real MCAP files written by the sample simulator, against its ground truth."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from scipy.spatial.transform import Rotation
+
+from policypipe.atomic import write_json_atomic
+from policypipe.dataset import layout
+from policypipe.dataset.convert import DatasetError, convert_dataset
+from policypipe.lineage.hashing import sha256_path
+from policypipe.recordings.episode import ConvertConfig
+from policypipe.recordings.pairing import PairConfig, pair_export
+from policypipe.recordings.sample import StreamTiming, plan_motion, write_raw_mcap, write_vio_mcap
+from policypipe.recordings.sample_scene import read_timecode, timecode_value
+from tests.conftest import MCAP_SAMPLES, write_status
+
+START_NS = 1_762_160_000_000_000_000
+CONFIG = ConvertConfig(image_size=(64, 48), min_frames=10, workers=1)
+
+
+def add_recording(export: Path, stem: str, seed: int, *, timing: StreamTiming | None = None, **vio_options):
+    """Writes a triplet; returns (plan, truth) of the processed recording."""
+    rng = np.random.default_rng(seed)
+    plan = plan_motion(rng, START_NS + seed * 60_000_000_000, duration_s=3.0)
+    timing = timing or StreamTiming(camera_start_s=0.05, pose_start_s=0.1, width_start_s=0.02, width_stop_s=0.2)
+    options = {"image_size": (96, 72), "timecode": True} | vio_options
+    truth = write_vio_mcap(export / f"{stem}_vio.mcap", plan, timing, rng, **options)
+    write_raw_mcap(export / f"{stem}.mcap", plan, timing, np.random.default_rng(seed), image_size=(32, 24))
+    write_status(export / f"{stem}_vio.json", stem, frames=truth.frames)
+    return plan, truth
+
+
+def convert(export: Path, out: Path, config: ConvertConfig = CONFIG, cache: Path | None = None):
+    manifest = out.parent / f"{out.name}.manifest.json"
+    write_json_atomic(manifest, pair_export(export, PairConfig(accept_truncated=True)).manifest())
+    return convert_dataset(manifest, export, out, cache or out.parent / f"{out.name}.cache", config)
+
+
+def episodes(store: Path):
+    root = zarr.open_group(store, mode="r")
+    ends = root[layout.EPISODE_ENDS][:]
+    starts = np.concatenate([[0], ends[:-1]])
+    return root, list(zip(starts, ends))
+
+
+def check_against_truth(root, start, end, record, plan, truth) -> None:
+    t_ns = record["start_ns"] + np.round(root[layout.TIMESTAMP][start:end] * 1e9).astype(np.int64)
+    pos, quat = plan.pose_at(t_ns)
+    assert np.abs(root[layout.EEF_POS][start:end] - pos).max() < 1e-4
+    rot = Rotation.from_rotvec(root[layout.EEF_ROT][start:end])
+    assert np.degrees((rot.inv() * Rotation.from_quat(quat)).magnitude()).max() < 0.05
+    # Width is sampled at ~45 Hz while the fingers close within a fraction of a second: the
+    # interpolation is exact with respect to the recorded samples, and near the continuous truth.
+    width = root[layout.GRIPPER_WIDTH][start:end, 0]
+    recorded = np.interp((t_ns - START_NS).astype(float), (truth.width_ns - START_NS).astype(float), plan.width_at(truth.width_ns))
+    assert np.abs(width - recorded).max() < 1e-4
+    assert np.abs(width - plan.width_at(t_ns)).max() < 3e-3
+    # The right frame at the right index: each stored frame shows its own capture time.
+    frames = root[layout.RGB][start:end]
+    shown = [read_timecode(f) for f in frames]
+    assert shown == [timecode_value(t) for t in t_ns]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"camera": "video"},
+        {"image_format": "png"},
+        {"chunked": False, "summary": False},
+        {"compression": "lz4"},
+        {"compression": "none", "summary": False},
+    ],
+    ids=["jpeg-zstd", "h264", "png", "unchunked-no-summary", "lz4", "uncompressed-no-summary"],
+)
+def test_poses_widths_and_frames_match_the_truth_at_every_kept_frame(tmp_path: Path, variant: dict) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    plan, truth = add_recording(export, "rec", 1, **variant)
+    camera = "/camera0/video" if variant.get("camera") == "video" else "/camera0/image"
+
+    result = convert(export, tmp_path / "ds.zarr", replace(CONFIG, camera_topic=camera))
+
+    root, spans = episodes(tmp_path / "ds.zarr")
+    (record,) = root.attrs[layout.ATTRS_EPISODES]
+    check_against_truth(root, *spans[0], record, plan, truth)
+    assert record["frequency_hz"] == pytest.approx(30.0, rel=0.005)
+    assert record["frames_in"] == truth.frames  # every written frame was read
+    # Frames before the pose and width streams began are trimmed, not extrapolated.
+    assert record["start_ns"] >= max(truth.pose_ns[0], truth.width_ns[0])
+    assert result.metrics()["episodes"] == 1 and root.attrs[layout.ATTRS_IMAGE_SIZE] == [64, 48]
+
+
+def test_pose_slower_than_the_camera_and_out_of_order_log_times(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    timing = StreamTiming(pose_hz=20.0, out_of_order_fraction=0.05, camera_drop_fraction=0.1)
+    plan, truth = add_recording(export, "slow", 2, timing=timing)
+
+    convert(export, tmp_path / "ds.zarr")
+
+    root, spans = episodes(tmp_path / "ds.zarr")
+    (record,) = root.attrs[layout.ATTRS_EPISODES]
+    start, end = spans[0]
+    t_ns = record["start_ns"] + np.round(root[layout.TIMESTAMP][start:end] * 1e9).astype(np.int64)
+    # Exact with respect to the recorded 20 Hz samples; between them, close to the hand's motion.
+    pos = root[layout.EEF_POS][start:end]
+    rel = lambda ns: (ns - START_NS).astype(float)  # noqa: E731
+    recorded = plan.pose_at(truth.pose_ns)[0]
+    expected = np.stack([np.interp(rel(t_ns), rel(truth.pose_ns), recorded[:, k]) for k in range(3)], axis=1)
+    assert np.abs(pos - expected).max() < 1e-4
+    assert np.abs(pos - plan.pose_at(t_ns)[0]).max() < 5e-3
+    assert np.all(np.diff(t_ns) > 0)
+    assert [read_timecode(f) for f in root[layout.RGB][start:end]] == [timecode_value(t) for t in t_ns]
+    # Dropped frames are gaps in the clock, counted, not a different rate.
+    assert record["frequency_hz"] == pytest.approx(30.0, rel=0.005)
+    in_span = (truth.camera_ns >= t_ns[0]) & (truth.camera_ns <= t_ns[-1])
+    nominal = 1e9 / 30.0
+    expected_gaps = int(np.rint(np.diff(truth.camera_ns[in_span]) / nominal).sum() - (in_span.sum() - 1))
+    assert record["camera_gaps"] == expected_gaps > 0
+
+
+def test_bad_recordings_are_excluded_with_reasons_and_the_rest_is_intact(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    plan_a, truth_a = add_recording(export, "a_good", 3)
+    plan_b, truth_b = add_recording(export, "b_good", 4)
+    # Real public MCAP files as _vio.mcap: well-formed, but not a gripper recording.
+    for i, name in enumerate(["rerun_simple-protobuf.mcap", "depthai_recording.mcap", "TenMessages.mcap"]):
+        sample = next(MCAP_SAMPLES.rglob(name))
+        add_recording(export, f"c_real_{i}", 10 + i)
+        shutil.copyfile(sample, export / f"c_real_{i}_vio.mcap")
+        write_status(export / f"c_real_{i}_vio.json", f"c_real_{i}")
+    # Truncated mid-file (a writer without chunks, as a crashing logger leaves it): what is
+    # readable before the damage becomes the episode.
+    plan_e, truth_e = add_recording(export, "e_truncated", 6, chunked=False, summary=False)
+    data = (export / "e_truncated_vio.mcap").read_bytes()
+    (export / "e_truncated_vio.mcap").write_bytes(data[: int(len(data) * 0.6)])
+
+    config = replace(CONFIG, camera_topic="/camera0/image")
+    result = convert(export, tmp_path / "ds.zarr", config)
+
+    excluded = {e["stem"]: (e["excluded"], e["detail"]) for e in result.excluded}
+    assert set(excluded) == {"c_real_0", "c_real_1", "c_real_2"}
+    assert all(reason == "missing_topic" for reason, _ in excluded.values())
+    assert "topics present: mouse (MouseEvent), pose (foxglove.PoseInFrame)" in excluded["c_real_0"][1]
+    root, spans = episodes(tmp_path / "ds.zarr")
+    records = root.attrs[layout.ATTRS_EPISODES]
+    assert [r["stem"] for r in records] == ["a_good", "b_good", "e_truncated"]
+    check_against_truth(root, *spans[0], records[0], plan_a, truth_a)
+    check_against_truth(root, *spans[1], records[1], plan_b, truth_b)
+    check_against_truth(root, *spans[2], records[2], plan_e, truth_e)
+    assert 0 < records[2]["frames"] < truth_e.frames * 0.7
+    assert any("truncated" in w for w in records[2]["warnings"])
+    assert any("status json says" in w for w in records[2]["warnings"])
+
+
+def test_unexpected_schema_on_a_topic_names_it_and_what_was_expected(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    add_recording(export, "a", 3)
+    with pytest.raises(DatasetError, match="no recording could be converted") as info:
+        convert(export, tmp_path / "ds.zarr", replace(CONFIG, camera_topic="/vio/pose"))
+    assert "/vio/pose has schema 'foxglove.PoseInFrame', expected foxglove.CompressedImage" in str(info.value)
+    assert not (tmp_path / "ds.zarr").exists()
+
+
+def test_a_recording_at_another_rate_fails_before_writing_unless_resampled(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    add_recording(export, "a", 3)
+    add_recording(export, "b", 4)
+    add_recording(export, "c_15hz", 5, timing=StreamTiming(camera_hz=15.0))
+
+    with pytest.raises(DatasetError, match=r"c_15hz \(15\.\d+ Hz\).*convert.resample_hz"):
+        convert(export, tmp_path / "ds.zarr")
+    assert not (tmp_path / "ds.zarr").exists()
+
+    convert(export, tmp_path / "ds.zarr", replace(CONFIG, resample_hz=10.0))
+    root, _ = episodes(tmp_path / "ds.zarr")
+    stamps = root[layout.TIMESTAMP][:]
+    steps = np.diff(stamps)
+    assert np.allclose(steps[steps > 0], 0.1)
+    assert root.attrs[layout.ATTRS_FREQUENCY] == 10.0
+
+
+def test_output_is_byte_identical_with_one_or_two_workers_and_opens_with_plain_zarr(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    for i in range(3):
+        add_recording(export, f"r{i}", 20 + i)
+
+    convert(export, tmp_path / "one.zarr", replace(CONFIG, workers=1))
+    convert(export, tmp_path / "two.zarr", replace(CONFIG, workers=2))
+
+    assert sha256_path(tmp_path / "one.zarr") == sha256_path(tmp_path / "two.zarr")
+    probe = (
+        "import sys, zarr; z = zarr.open(sys.argv[1], mode='r'); "
+        "print(z['data/camera0_rgb'][5].shape, z['meta/episode_ends'][:].tolist())"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "one.zarr")], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("(48, 64, 3)")
+
+
+def test_store_file_count_grows_per_hundred_frames_not_per_frame(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    add_recording(export, "r", 7)
+    result = convert(export, tmp_path / "ds.zarr")
+    image_files = list((tmp_path / "ds.zarr" / "data" / "camera0_rgb").rglob("c/*/*/*/*"))
+    assert len(image_files) == -(-result.frames // layout.FRAMES_PER_SHARD)
+
+
+def test_adding_a_recording_converts_only_the_new_one(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    cache = tmp_path / "cache"
+    add_recording(export, "a", 3)
+    add_recording(export, "b", 4)
+    convert(export, tmp_path / "first.zarr", cache=cache)
+    entries = {p: p.stat().st_mtime_ns for p in cache.iterdir()}
+
+    add_recording(export, "c", 5)
+    convert(export, tmp_path / "second.zarr", cache=cache)
+
+    after = {p: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert {p: after[p] for p in entries} == entries  # untouched
+    assert len(set(after) - set(entries)) == 2  # the new recording's arrays and record
+    root, _ = episodes(tmp_path / "second.zarr")
+    assert [r["stem"] for r in root.attrs[layout.ATTRS_EPISODES]] == ["a", "b", "c"]
+
+
+KILL_SCRIPT = """
+import sys
+from pathlib import Path
+from policypipe.dataset.convert import convert_dataset
+from policypipe.recordings.episode import ConvertConfig
+convert_dataset(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]),
+                ConvertConfig(image_size=(64, 48), min_frames=10, workers=1))
+"""
+
+
+def test_sigkill_mid_conversion_then_rerun_gives_the_uninterrupted_store(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    for i in range(4):
+        add_recording(export, f"r{i}", 30 + i)
+    reference = tmp_path / "reference.zarr"
+    convert(export, reference)
+    manifest = tmp_path / "reference.zarr.manifest.json"
+
+    out, cache = tmp_path / "ds.zarr", tmp_path / "killed_cache"
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(manifest), str(export), str(out), str(cache)])
+    deadline = time.monotonic() + 60
+    while not list(cache.glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()  # nothing that looks complete
+
+    convert_dataset(manifest, export, out, cache, CONFIG)
+    assert sha256_path(out) == sha256_path(reference)
+    assert not list(tmp_path.glob(".ds.zarr.*"))  # no temporary left behind
