@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 export DVC_NO_ANALYTICS := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test lock clean-demo
+.PHONY: setup demo test lock bench clean-demo
 
 setup: $(STAMP)
 
@@ -42,3 +42,7 @@ test: $(STAMP)
 
 clean-demo:
 	rm -rf data/raw data/manifest.json
+
+# Benchmarks print ratios against baselines measured in the same run (these machines are noisy).
+bench: $(STAMP)
+	$(BIN)/python -m tests.benchmarks.bench_convert

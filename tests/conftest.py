@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from mcap.writer import CompressionType, Writer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED = REPO_ROOT.parent / "shared"
+# CI and every checkout have the project's shared/ folder beside the repository.
+SHARED = Path(os.environ.get("POLICYPIPE_SHARED", REPO_ROOT.parent / "shared"))
 MCAP_SAMPLES = SHARED / "mcap-samples"
 
 

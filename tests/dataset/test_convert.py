@@ -230,13 +230,15 @@ def test_adding_a_recording_converts_only_the_new_one(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     add_recording(export, "a", 3)
     add_recording(export, "b", 4)
+    (cache / "v0").mkdir(parents=True)  # an older converter's entries: never hit again, removed
     convert(export, tmp_path / "first.zarr", cache=cache)
-    entries = {p: p.stat().st_mtime_ns for p in cache.iterdir()}
+    entries = {p: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
 
     add_recording(export, "c", 5)
     convert(export, tmp_path / "second.zarr", cache=cache)
 
-    after = {p: p.stat().st_mtime_ns for p in cache.iterdir()}
+    after = {p: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
+    assert not (cache / "v0").exists()
     assert {p: after[p] for p in entries} == entries  # untouched
     assert len(set(after) - set(entries)) == 2  # the new recording's arrays and record
     root, _ = episodes(tmp_path / "second.zarr")
@@ -265,7 +267,7 @@ def test_sigkill_mid_conversion_then_rerun_gives_the_uninterrupted_store(tmp_pat
     out, cache = tmp_path / "ds.zarr", tmp_path / "killed_cache"
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(manifest), str(export), str(out), str(cache)])
     deadline = time.monotonic() + 60
-    while not list(cache.glob("*.json")) and time.monotonic() < deadline:
+    while not list(cache.glob("v*/*.json")) and time.monotonic() < deadline:
         time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()

@@ -29,14 +29,15 @@ import zarr
 
 from policypipe.atomic import canonical_json, write_bytes_atomic
 from policypipe.dataset import layout
-from policypipe.dataset.image_codec import JpegCodec
+from policypipe.dataset.frame_shards import FrameShardWriter, create_frames_array
+from policypipe.dataset.image_codec import encode_jpeg
 from policypipe.recordings.episode import ConvertConfig, Episode, build_episode
 from policypipe.recordings.streams import RecordingError, read_streams
 
 log = logging.getLogger(__name__)
 
 # Bump whenever the same inputs and params would convert to different bytes.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 
 
 class DatasetError(Exception):
@@ -100,7 +101,7 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
             episode.warnings.append(
                 f"status json says {rec.expected_frames} frames, the recording has {episode.frames_in} (truncated copy?)"
             )
-        _save_arrays(cache_dir / f"{key}.npz", episode)
+        _save_arrays(cache_dir / f"{key}.npz", episode, config.jpeg_quality)
         record |= {
             "start_ns": int(episode.capture_ns[0]),
             "frames": len(episode.capture_ns),
@@ -117,12 +118,17 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
     return json.loads(blob)
 
 
-def _save_arrays(path: Path, episode: Episode) -> None:
+def _save_arrays(path: Path, episode: Episode, jpeg_quality: int) -> None:
+    # Frames are JPEG-encoded here, in the worker, in parallel: the cache stays small and the
+    # store is assembled from these exact bytes without coding anything again.
+    encoded = [encode_jpeg(frame, jpeg_quality) for frame in episode.rgb]
+    offsets = np.concatenate([[0], np.cumsum([len(e) for e in encoded])]).astype(np.int64)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
         np.savez(
             f,
-            rgb=episode.rgb,
+            jpeg=np.frombuffer(b"".join(encoded), dtype=np.uint8),
+            jpeg_offsets=offsets,
             eef_pos=episode.eef_pos,
             eef_rot=episode.eef_rot_axis_angle,
             width=episode.gripper_width,
@@ -152,8 +158,10 @@ def _convert_all(
         _worker_init()
         results: Iterator[dict] = (convert_recording(r, config, cache_dir) for r in inputs)
         return [_report(progress, r) for r in results]
-    # spawn: workers start clean, whatever threads the parent (zarr, BLAS) already runs.
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init) as pool:
+    # fork where there is one: a spawned worker spends ~0.7 s importing what the parent has
+    # loaded already. Nothing here has started zarr's I/O thread yet (the store is written after).
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_worker_init) as pool:
         futures = [pool.submit(convert_recording, r, config, cache_dir) for r in inputs]
         return [_report(progress, f.result()) for f in futures]
 
@@ -208,7 +216,7 @@ def convert_dataset(
     inputs = recordings_from_manifest(manifest, Path(export_root))
     if not inputs:
         raise DatasetError(f"{manifest_path} lists no recordings: nothing to convert (see the pair stage's report)")
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir = _versioned_cache(Path(cache_dir))
 
     records = _convert_all(inputs, config, cache_dir, progress)
     episodes = [r for r in records if "excluded" not in r]
@@ -230,6 +238,17 @@ def convert_dataset(
     )
 
 
+def _versioned_cache(cache_root: Path) -> Path:
+    """This converter version's cache folder; entries of other versions can never be hit again."""
+    current = cache_root / f"v{CONVERTER_VERSION}"
+    if cache_root.is_dir():
+        for other in cache_root.glob("v*"):
+            if other != current and other.is_dir():
+                shutil.rmtree(other, ignore_errors=True)
+    current.mkdir(parents=True, exist_ok=True)
+    return current
+
+
 def _dataset_frequency(episodes: list[dict[str, Any]], config: ConvertConfig) -> float:
     if config.resample_hz is not None:
         return float(config.resample_hz)
@@ -249,7 +268,7 @@ def _dataset_frequency(episodes: list[dict[str, Any]], config: ConvertConfig) ->
 
 
 class _Appender:
-    """Appends rows to a zarr array in whole blocks, so no shard or chunk is written twice."""
+    """Appends rows to a zarr array in whole chunks, so no chunk is written twice."""
 
     def __init__(self, array: zarr.Array, block: int) -> None:
         self.array, self.block, self.pending, self.written = array, block, [], 0
@@ -283,15 +302,8 @@ def _assemble(
     w, h = config.image_size
 
     root = zarr.open_group(tmp, mode="w", zarr_format=3)
-    rgb = root.create_array(
-        layout.RGB,
-        shape=(total, h, w, 3),
-        dtype="uint8",
-        chunks=(1, h, w, 3),
-        shards=(layout.FRAMES_PER_SHARD, h, w, 3),
-        serializer=JpegCodec(quality=config.jpeg_quality),
-        compressors=None,
-    )
+    rgb = create_frames_array(root, layout.RGB, total, (w, h), layout.FRAMES_PER_SHARD, config.jpeg_quality)
+    frames = FrameShardWriter(tmp, rgb)
     lowdim = {
         key: root.create_array(
             key, shape=(total, 1 if key == layout.GRIPPER_WIDTH else 3), dtype="float32",
@@ -301,20 +313,21 @@ def _assemble(
     }
     stamps = root.create_array(layout.TIMESTAMP, shape=(total,), dtype="float64", chunks=(layout.LOWDIM_CHUNK,))
     appenders = {
-        layout.RGB: _Appender(rgb, layout.FRAMES_PER_SHARD),
         **{k: _Appender(a, layout.LOWDIM_CHUNK) for k, a in lowdim.items()},
         layout.TIMESTAMP: _Appender(stamps, layout.LOWDIM_CHUNK),
     }
     ends = []
     for ep in episodes:
         arrays = _load_arrays(cache_dir, ep["key"])
-        appenders[layout.RGB].append(arrays["rgb"])
+        data, offsets = arrays["jpeg"].tobytes(), arrays["jpeg_offsets"]
+        frames.append([data[a:b] for a, b in zip(offsets[:-1], offsets[1:])])
         appenders[layout.EEF_POS].append(arrays["eef_pos"])
         appenders[layout.EEF_ROT].append(arrays["eef_rot"])
         appenders[layout.GRIPPER_WIDTH].append(arrays["width"])
         ns = arrays["capture_ns"]
         appenders[layout.TIMESTAMP].append((ns - ns[0]).astype(np.float64) / 1e9)
         ends.append((ends[-1] if ends else 0) + len(ns))
+    frames.close()
     for appender in appenders.values():
         appender.close()
     root.create_array(layout.EPISODE_ENDS, data=np.asarray(ends, dtype=np.int64), chunks=(max(len(ends), 1),))

@@ -11,6 +11,7 @@ Chunks are single frames, (1, H, W, 3) uint8 RGB, inside shards of many frames.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,21 +51,30 @@ class JpegCodec(ArrayBytesCodec):
         if chunk is not None and chunk[0] != 1:
             raise ValueError(f"{CODEC_NAME} needs one frame per chunk, got chunks {chunk}")
 
+    # zarr runs a shard's chunks concurrently on its event loop; OpenCV releases the GIL, so
+    # handing each frame to a thread lets a shard's frames be coded on every core.
     async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
-        data = chunk_bytes.as_numpy_array()
-        bgr = cv2.imdecode(data, cv2.IMREAD_COLOR)
-        if bgr is None:
-            raise ValueError(f"{CODEC_NAME}: a chunk of {len(data)} bytes is not a decodable JPEG")
-        rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB).reshape(chunk_spec.shape)
-        return chunk_spec.prototype.nd_buffer.from_ndarray_like(rgb)
+        rgb = await asyncio.to_thread(decode_jpeg, chunk_bytes.as_numpy_array())
+        return chunk_spec.prototype.nd_buffer.from_ndarray_like(rgb.reshape(chunk_spec.shape))
 
     async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
         frame = np.ascontiguousarray(chunk_array.as_ndarray_like()).reshape(chunk_spec.shape[-3:])
-        bgr = cv2.cvtColor(frame, cv2.COLOR_RGB2BGR)
-        ok, encoded = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, self.quality])
-        if not ok:
-            raise ValueError(f"{CODEC_NAME}: OpenCV could not encode a {frame.shape} frame")
-        return chunk_spec.prototype.buffer.from_bytes(encoded.tobytes())
+        encoded = await asyncio.to_thread(encode_jpeg, frame, self.quality)
+        return chunk_spec.prototype.buffer.from_bytes(encoded)
 
     def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
         raise NotImplementedError(f"{CODEC_NAME} output size depends on the image")
+
+
+def encode_jpeg(rgb: np.ndarray, quality: int) -> bytes:
+    ok, encoded = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise ValueError(f"{CODEC_NAME}: OpenCV could not encode a {rgb.shape} frame")
+    return encoded.tobytes()
+
+
+def decode_jpeg(data: np.ndarray) -> np.ndarray:
+    bgr = cv2.imdecode(data, cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise ValueError(f"{CODEC_NAME}: a chunk of {len(data)} bytes is not a decodable JPEG")
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
