@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -59,6 +61,27 @@ def random_frame_read_ms(store: Path, reads: int = 200) -> float:
     return 1e3 * statistics.median(times)
 
 
+PEAK_RSS_SCRIPT = """
+import resource, sys
+from pathlib import Path
+from policypipe.dataset.convert import convert_dataset
+from policypipe.recordings.episode import ConvertConfig
+convert_dataset(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), ConvertConfig(workers=1))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def peak_rss_mb(manifest: dict, keep: int, export: Path, tmp: Path) -> float:
+    """Peak RSS of a whole conversion (one process) of the first `keep` recordings."""
+    subset = tmp / f"manifest_{keep}.json"
+    write_json_atomic(subset, manifest | {"recordings": manifest["recordings"][:keep]})
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS_SCRIPT, str(subset), str(export), str(tmp / f"rss_{keep}.zarr"), str(tmp / f"rss_{keep}.cache")],
+        capture_output=True, text=True, check=True,
+    )
+    return int(out.stdout.split()[-1]) / 1024
+
+
 def codec_table(frames: np.ndarray) -> list[tuple[str, float, float]]:
     def jpeg(q):
         enc = lambda f: cv2.imencode(".jpg", cv2.cvtColor(f, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, q])[1]  # noqa: E731
@@ -85,7 +108,7 @@ def codec_table(frames: np.ndarray) -> list[tuple[str, float, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--recordings", type=int, default=16)
+    parser.add_argument("--recordings", type=int, default=24)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="policypipe-bench-") as tmp:
         tmp = Path(tmp)
@@ -108,6 +131,9 @@ def main() -> None:
         print(f"  bytes per frame             {m['bytes_per_frame']:8.0f}")
         print(f"  files per 1,000 frames      {1000 * m['store_files'] / m['frames']:8.1f}")
         print(f"  one random frame read       {random_frame_read_ms(tmp / 'one.zarr'):8.2f} ms (median of 200)")
+        few, many = 4, args.recordings
+        rss_few, rss_many = (peak_rss_mb(result.manifest(), k, export, tmp) for k in (few, many))
+        print(f"  peak RSS, {few} vs {many} recordings  {rss_few:6.0f} MB vs {rss_many:.0f} MB (ratio {rss_many / rss_few:.2f}; bounded: ~1)")
         sample = zarr.open_group(tmp / "one.zarr", mode="r")[layout.RGB][:500]
         print(f"image codecs on {len(sample)} stored frames at {config.image_size}:")
         for name, size, decode_us in codec_table(sample):
