@@ -46,3 +46,4 @@ clean-demo:
 # Benchmarks print ratios against baselines measured in the same run (these machines are noisy).
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.bench_convert
+	$(BIN)/python -m tests.benchmarks.bench_stats

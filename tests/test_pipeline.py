@@ -84,16 +84,37 @@ def test_provenance_of_pair_holds_code_environment_machine_and_hashes(demo_repo:
     assert prov["duration_s"] >= 0
 
 
+def test_dataset_report_stats_and_verify_after_repro(demo_repo: Path) -> None:
+    report = json.loads((demo_repo / "metrics/dataset.json").read_text())
+    stats = json.loads((demo_repo / "data/stats/stats.json").read_text())
+    assert report["episodes"] == 3 and report["train_episodes"] + report["val_episodes"] == 3
+    assert report["fingerprint"] == stats["dataset_fingerprint"]["sha256"]
+    assert set(stats["lowdim"]) == {"action", "obs.eef_pose_rel", "obs.gripper_width"}
+    assert len(stats["lowdim"]["action"]["mean"]) == 10
+    assert {p.name for p in (demo_repo / "metrics/plots/dataset").iterdir()} == {
+        "episode_lengths.png", "paths_topdown.png", "gripper_width.png", "contact_sheet.png"
+    }
+    out = run(demo_repo, "policypipe", "verify", "data/dataset.zarr")
+    assert out.startswith("OK data/dataset.zarr")
+    for stage in ("pair", "convert", "stats"):
+        assert json.loads((demo_repo / f"metrics/provenance/{stage}.json").read_text())["stage"] == stage
+
+
 def test_second_repro_changes_nothing(demo_repo: Path) -> None:
-    watched = ["data/manifest.json", "metrics/pair.json", "metrics/pair_report.json", "metrics/provenance/pair.json", "dvc.lock"]
+    watched = [
+        "data/manifest.json", "metrics/pair.json", "metrics/pair_report.json", "metrics/provenance/pair.json", "dvc.lock",
+        "metrics/convert.json", "metrics/dataset.json", "data/stats/stats.json", "metrics/provenance/stats.json",
+    ]
     before = {p: (demo_repo / p).read_bytes() for p in watched}
     out = run(demo_repo, "dvc", "repro")
     assert "didn't change" in out or "up to date" in out
     assert {p: (demo_repo / p).read_bytes() for p in watched} == before
+    assert "Running stage" not in out
 
 
 def test_manifest_is_identical_in_another_checkout_location(demo_repo: Path, tmp_path: Path) -> None:
     other = checkout_copy(tmp_path / "somewhere" / "else")
     shutil.copytree(demo_repo / "data/raw", other / "data/raw")
     run(other, "dvc", "repro")
-    assert (other / "data/manifest.json").read_bytes() == (demo_repo / "data/manifest.json").read_bytes()
+    for output in ("data/manifest.json", "data/stats/stats.json", "metrics/dataset.json"):
+        assert (other / output).read_bytes() == (demo_repo / output).read_bytes(), output

@@ -54,6 +54,53 @@ def _pair(args: argparse.Namespace) -> int:
     return 0 if result.recordings else 1
 
 
+RECORDS = (Path("data/stats/stats.json"), Path("metrics/dataset.json"))
+
+
+def _find_record(target: Path) -> Path | None:
+    """The pipeline's record of a dataset: in the repository that holds it, or the current one."""
+    for folder in [*target.resolve().parents, Path.cwd()]:
+        if (folder / "dvc.yaml").is_file():
+            for rel in RECORDS:
+                if (folder / rel).is_file():
+                    return folder / rel
+    return None
+
+
+def _verify(args: argparse.Namespace) -> int:
+    import json
+
+    from policypipe.dataset.fingerprint import UnreadableArray, compare, compare_files, fingerprint, store_files
+
+    target: Path = args.path
+    if not (target / "zarr.json").is_file():
+        print(f"error: {target} is not a zarr store (no zarr.json)", file=sys.stderr)
+        return 2
+    record_path = args.record or _find_record(target)
+    if record_path is None:
+        print(f"error: no record of {target} found (data/stats/stats.json or metrics/dataset.json); pass --record", file=sys.stderr)
+        return 2
+    record = json.loads(Path(record_path).read_text())
+    recorded = record.get("dataset_fingerprint") or {"sha256": record.get("fingerprint")}
+    if not recorded.get("sha256"):
+        print(f"error: {record_path} holds no dataset fingerprint", file=sys.stderr)
+        return 2
+    damaged = compare_files(store_files(target), recorded["files"]) if recorded.get("files") else None
+    try:
+        actual = fingerprint(target)
+    except UnreadableArray as exc:
+        print(f"CORRUPT {target}: " + "; ".join([str(exc), *(damaged or [])]))
+        return 1
+    problems = compare(actual, recorded["sha256"], recorded.get("arrays"))
+    if damaged or problems:
+        verdict = "CORRUPT" if damaged else "MISMATCH"
+        print(f"{verdict} {target} against {record_path}: " + "; ".join((damaged or []) + problems))
+        return 1
+    layout_note = "" if damaged is not None else " (content; stored in another layout than recorded)"
+    print(f"OK {target} fingerprint {actual.digest} matches {record_path}{layout_note}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="policypipe",
@@ -82,6 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", type=Path, default=None, help="write the JSON report here")
     p.add_argument("-v", "--verbose", action="store_true", help="list every rejected file")
     p.set_defaults(func=_pair)
+
+    p = sub.add_parser("verify", help="check a dataset against the fingerprint the pipeline recorded",
+                       description="Recompute a dataset's fingerprint (its logical content) and compare it with the "
+                       "pipeline's record: after a copy to a server, a dvc pull, or to catch corruption.")
+    p.add_argument("path", type=Path, metavar="PATH", help="a dataset (zarr store)")
+    p.add_argument("--record", type=Path, default=None,
+                   help="the record to check against (default: data/stats/stats.json or metrics/dataset.json of the repository)")
+    p.set_defaults(func=_verify)
     return parser
 
 

@@ -1,0 +1,194 @@
+"""Normalization statistics of the training episodes, computed over the zarr arrays.
+
+Low-dimensional statistics are computed in the representation the policy uses (relative
+poses over the observation and action windows of `windows.py`), vectorised over blocks of
+anchor frames: never a per-sample loop, never an image decoded. Two passes over the blocks:
+the first gathers count, mean and variance (Chan's parallel merge, float64), min and max; the
+second fills a fine histogram between min and max, from which q01 and q99 are read. A quantile
+is therefore within one bin, (max - min) / `quantile_bins`, of the two order statistics that
+bracket it: on dense data, within one bin of the exact value.
+
+Images: per-channel mean and std over an evenly spaced sample of training frames.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zarr
+
+from policypipe.dataset import layout
+from policypipe.dataset.windows import WindowConfig, actions, episode_bounds, observations
+
+log = logging.getLogger(__name__)
+
+QUANTILES = (0.01, 0.99)
+
+
+@dataclass(frozen=True)
+class StatsConfig:
+    """`stats` section of params.yaml."""
+
+    # Seed of the train/validation split by episode.
+    seed: int = 0
+    # Fraction of episodes held out for validation (at least one on each side).
+    val_fraction: float = 0.15
+    # Frames sampled, evenly spaced over the training episodes, for the image statistics.
+    image_sample_frames: int = 1000
+    # Anchor frames per vectorised block (memory: ~block x horizon x 10 float64).
+    block_frames: int = 32768
+    # Histogram bins per dimension for the quantiles (tolerance: range / bins).
+    quantile_bins: int = 16384
+
+    def __post_init__(self) -> None:
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.image_sample_frames < 1 or self.block_frames < 1 or self.quantile_bins < 16:
+            raise ValueError("image_sample_frames and block_frames must be >= 1, quantile_bins >= 16")
+
+
+def split_episodes(n_episodes: int, seed: int, val_fraction: float) -> tuple[list[int], list[int]]:
+    """(train, validation) episode indices, both sorted and non-empty, decided by the seed."""
+    if n_episodes < 2:
+        raise ValueError(f"the dataset has {n_episodes} episode(s); a train/validation split needs at least 2")
+    n_val = min(max(1, round(val_fraction * n_episodes)), n_episodes - 1)
+    order = np.random.default_rng(seed).permutation(n_episodes)
+    return sorted(order[n_val:].tolist()), sorted(order[:n_val].tolist())
+
+
+class _Moments:
+    """Per-dimension count, mean, M2, min, max; merged block by block (Chan et al.)."""
+
+    def __init__(self, dim: int) -> None:
+        self.n = 0
+        self.mean = np.zeros(dim)
+        self.m2 = np.zeros(dim)
+        self.min = np.full(dim, np.inf)
+        self.max = np.full(dim, -np.inf)
+
+    def add(self, x: np.ndarray) -> None:  # x: (M, dim)
+        m = len(x)
+        if m == 0:
+            return
+        mean_b = x.mean(axis=0)
+        m2_b = ((x - mean_b) ** 2).sum(axis=0)
+        delta = mean_b - self.mean
+        total = self.n + m
+        self.mean = self.mean + delta * m / total
+        self.m2 = self.m2 + m2_b + delta**2 * self.n * m / total
+        self.n = total
+        self.min = np.minimum(self.min, x.min(axis=0))
+        self.max = np.maximum(self.max, x.max(axis=0))
+
+
+class _Histogram:
+    def __init__(self, lo: np.ndarray, hi: np.ndarray, bins: int) -> None:
+        self.lo, self.hi, self.bins = lo, hi, bins
+        self.width = np.where(hi > lo, (hi - lo) / bins, 1.0)
+        self.counts = np.zeros((len(lo), bins), dtype=np.int64)
+
+    def add(self, x: np.ndarray) -> None:
+        b = np.clip(((x - self.lo) / self.width).astype(np.int64), 0, self.bins - 1)
+        for d in range(x.shape[1]):
+            self.counts[d] += np.bincount(b[:, d], minlength=self.bins)
+
+    def quantile(self, q: float) -> np.ndarray:
+        out = np.empty(len(self.lo))
+        for d, counts in enumerate(self.counts):
+            cum = np.cumsum(counts)
+            rank = q * (cum[-1] - 1)
+            k = int(np.searchsorted(cum, rank, side="right"))
+            below = cum[k - 1] if k > 0 else 0
+            frac = (rank - below + 0.5) / max(counts[k], 1)
+            out[d] = self.lo[d] + (k + min(max(frac, 0.0), 1.0)) * self.width[d]
+        return np.clip(out, self.lo, self.hi)
+
+
+def _windowed(root: zarr.Group, episodes: list[int], window: WindowConfig, block: int):
+    """Yields {name: (M, dim) float64 block} over every anchor frame of the given episodes."""
+    pos = root[layout.EEF_POS][:].astype(np.float64)
+    rotvec = root[layout.EEF_ROT][:].astype(np.float64)
+    width = root[layout.GRIPPER_WIDTH][:, 0].astype(np.float64)
+    first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
+    owner = np.concatenate([np.full(last[e] - first[e] + 1, e) for e in episodes])
+    anchors = np.concatenate([np.arange(first[e], last[e] + 1) for e in episodes])
+    for start in range(0, len(anchors), block):
+        a, e = anchors[start : start + block], owner[start : start + block]
+        act = actions(pos, rotvec, width, a, first[e], last[e], window)
+        obs_pose, obs_width = observations(pos, rotvec, width, a, first[e], last[e], window)
+        yield {
+            "action": act.reshape(-1, act.shape[-1]),
+            "obs.eef_pose_rel": obs_pose.reshape(-1, obs_pose.shape[-1]),
+            "obs.gripper_width": obs_width.reshape(-1, 1),
+        }
+
+
+def lowdim_statistics(root: zarr.Group, episodes: list[int], window: WindowConfig, config: StatsConfig) -> dict[str, dict]:
+    moments: dict[str, _Moments] = {}
+    for blk in _windowed(root, episodes, window, config.block_frames):
+        for name, x in blk.items():
+            moments.setdefault(name, _Moments(x.shape[1])).add(x)
+    hists = {name: _Histogram(m.min, m.max, config.quantile_bins) for name, m in moments.items()}
+    for blk in _windowed(root, episodes, window, config.block_frames):
+        for name, x in blk.items():
+            hists[name].add(x)
+    out = {}
+    for name, m in moments.items():
+        q01, q99 = (hists[name].quantile(q) for q in QUANTILES)
+        out[name] = {
+            "count": int(m.n),
+            "min": m.min.tolist(),
+            "max": m.max.tolist(),
+            "mean": m.mean.tolist(),
+            "std": np.sqrt(m.m2 / max(m.n, 1)).tolist(),
+            "q01": q01.tolist(),
+            "q99": q99.tolist(),
+        }
+    return out
+
+
+def image_sample_indices(root: zarr.Group, episodes: list[int], frames: int) -> np.ndarray:
+    first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
+    pool = np.concatenate([np.arange(first[e], last[e] + 1) for e in episodes])
+    picks = np.unique(np.linspace(0, len(pool) - 1, min(frames, len(pool))).round().astype(np.int64))
+    return pool[picks]
+
+
+def image_statistics(root: zarr.Group, episodes: list[int], frames: int) -> dict[str, Any]:
+    """Per-channel mean and std (0-1 scale) over evenly spaced training frames."""
+    rgb = root[layout.RGB]
+    indices = image_sample_indices(root, episodes, frames)
+    total = np.zeros(3)
+    total_sq = np.zeros(3)
+    pixels = 0
+    for start in range(0, len(indices), 256):
+        batch = rgb.get_orthogonal_selection((indices[start : start + 256],)).astype(np.float64) / 255.0
+        total += batch.sum(axis=(0, 1, 2))
+        total_sq += (batch**2).sum(axis=(0, 1, 2))
+        pixels += batch.shape[0] * batch.shape[1] * batch.shape[2]
+    mean = total / pixels
+    return {"count": int(len(indices)), "mean": mean.tolist(), "std": np.sqrt(np.maximum(total_sq / pixels - mean**2, 0)).tolist()}
+
+
+def compute_statistics(root: zarr.Group, window: WindowConfig, config: StatsConfig) -> dict[str, Any]:
+    n_episodes = root[layout.EPISODE_ENDS].shape[0]
+    train, val = split_episodes(n_episodes, config.seed, config.val_fraction)
+    episodes = root.attrs[layout.ATTRS_EPISODES]
+    log.info("statistics over %d training episodes (%d held out)", len(train), len(val))
+    return {
+        "split": {
+            "seed": config.seed,
+            "train": train,
+            "val": val,
+            "train_stems": [episodes[i]["stem"] for i in train],
+            "val_stems": [episodes[i]["stem"] for i in val],
+        },
+        "window": {"n_obs_steps": window.n_obs_steps, "horizon": window.horizon, "n_action_steps": window.n_action_steps},
+        "lowdim": lowdim_statistics(root, train, window, config),
+        "image": {layout.RGB: image_statistics(root, train, config.image_sample_frames)},
+        "quantile_tolerance": "within one bin, (max - min) / quantile_bins, of the order statistics bracketing the quantile",
+        "quantile_bins": config.quantile_bins,
+    }

@@ -1,0 +1,87 @@
+"""Statistics benchmark (`make bench`): 1,000,000 low-dimensional frames plus a sharded JPEG
+image array, against a one-shot NumPy computation over the same arrays loaded in memory."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import zarr
+from scipy.spatial.transform import Rotation
+
+from policypipe.dataset import layout
+from policypipe.dataset.frame_shards import FrameShardWriter, create_frames_array
+from policypipe.dataset.image_codec import encode_jpeg
+from policypipe.dataset.stats import StatsConfig, compute_statistics
+from policypipe.dataset.windows import WindowConfig, actions, episode_bounds, observations
+
+
+def generate_store(path: Path, frames: int, episode_len: int, image_size=(48, 48)) -> zarr.Group:
+    rng = np.random.default_rng(0)
+    t = np.arange(frames) / 30.0
+    pos = np.cumsum(rng.normal(0, 0.002, (frames, 3)), axis=0).astype(np.float32)
+    rotvec = Rotation.from_euler("xyz", np.stack([0.2 * np.sin(t), 0.1 * np.cos(t), 0.01 * t], 1)).as_rotvec().astype(np.float32)
+    width = (0.05 + 0.03 * np.sin(t)).astype(np.float32)[:, None]
+    ends = np.arange(episode_len, frames + 1, episode_len, dtype=np.int64)
+    root = zarr.open_group(path, mode="w", zarr_format=3)
+    for key, data in ((layout.EEF_POS, pos), (layout.EEF_ROT, rotvec), (layout.GRIPPER_WIDTH, width)):
+        root.create_array(key, data=data, chunks=(layout.LOWDIM_CHUNK, data.shape[1]))
+    root.create_array(layout.TIMESTAMP, data=np.tile(np.arange(episode_len) / 30.0, len(ends)), chunks=(layout.LOWDIM_CHUNK,))
+    root.create_array(layout.EPISODE_ENDS, data=ends, chunks=(len(ends),))
+    # The image array as convert writes it (JPEG frames in shards of 100); 100 distinct frames repeat.
+    w, h = image_size
+    y, x = np.mgrid[0:h, 0:w]
+    shard = [encode_jpeg(np.stack([(x * 5 + i) % 256, (y * 7 + i) % 256, (x + y + i) % 256], -1).astype(np.uint8), 95) for i in range(100)]
+    writer = FrameShardWriter(path, create_frames_array(root, layout.RGB, frames, image_size, layout.FRAMES_PER_SHARD, 95))
+    for _ in range(frames // 100):
+        writer.append(shard)
+    writer.close()
+    root.attrs.update({layout.ATTRS_EPISODES: [{"stem": f"e{i}"} for i in range(len(ends))], layout.ATTRS_FREQUENCY: 30.0})
+    return root
+
+
+def numpy_one_shot(root: zarr.Group, train: list[int], window: WindowConfig) -> dict:
+    """Everything in memory at once, numpy reductions over the full sample arrays."""
+    pos = root[layout.EEF_POS][:].astype(np.float64)
+    rotvec = root[layout.EEF_ROT][:].astype(np.float64)
+    width = root[layout.GRIPPER_WIDTH][:, 0].astype(np.float64)
+    first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
+    lengths = last - first + 1
+    anchors = np.concatenate([np.arange(first[e], last[e] + 1) for e in train])
+    owner = np.repeat(np.asarray(train), lengths[train])
+    out = {}
+    act = actions(pos, rotvec, width, anchors, first[owner], last[owner], window).reshape(-1, 10)
+    obs_pose, obs_width = observations(pos, rotvec, width, anchors, first[owner], last[owner], window)
+    for name, x in (("action", act), ("obs.eef_pose_rel", obs_pose.reshape(-1, 9)), ("obs.gripper_width", obs_width.reshape(-1, 1))):
+        out[name] = (x.mean(0), x.std(0), x.min(0), x.max(0), np.quantile(x, [0.01, 0.99], axis=0))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--frames", type=int, default=1_000_000)
+    args = parser.parse_args()
+    window = WindowConfig()
+    config = StatsConfig()
+    with tempfile.TemporaryDirectory(prefix="policypipe-bench-") as tmp:
+        t0 = time.perf_counter()
+        root = generate_store(Path(tmp) / "ds.zarr", args.frames, episode_len=500)
+        print(f"statistics over {args.frames:,} frames ({args.frames // 500} episodes; store written in {time.perf_counter() - t0:.1f} s)")
+        t0 = time.perf_counter()
+        stats = compute_statistics(root, window, config)
+        ours = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        reference = numpy_one_shot(root, stats["split"]["train"], window)
+        baseline = time.perf_counter() - t0
+        mean_err = max(np.abs(np.asarray(stats["lowdim"][k]["mean"]) - reference[k][0]).max() for k in reference)
+        print(f"  policypipe stats (chunked, 2 passes, + image sample)  {ours:6.1f} s (target < 20 s)")
+        print(f"  numpy one-shot, all in memory (low-dim only)          {baseline:6.1f} s")
+        print(f"  ratio                                                 {ours / baseline:6.2f}")
+        print(f"  max |mean difference|                                 {mean_err:.1e}")
+
+
+if __name__ == "__main__":
+    main()

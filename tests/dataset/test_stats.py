@@ -1,0 +1,118 @@
+"""Statistics against a plain per-sample NumPy reference on the in-memory arrays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from scipy.spatial.transform import Rotation
+
+from policypipe.atomic import canonical_json
+from policypipe.dataset import layout
+from policypipe.dataset.stats import StatsConfig, compute_statistics, split_episodes
+from policypipe.dataset.windows import WindowConfig
+
+WINDOW = WindowConfig(n_obs_steps=2, horizon=6, n_action_steps=3)
+CONFIG = StatsConfig(seed=3, val_fraction=0.3, block_frames=17, quantile_bins=4096)  # blocks split episodes
+
+
+def reference_samples(root: zarr.Group, episodes: list[int]) -> dict[str, np.ndarray]:
+    """Per-sample loop, written independently of the library: clip indices to the episode."""
+    pos = root[layout.EEF_POS][:].astype(np.float64)
+    rot = Rotation.from_rotvec(root[layout.EEF_ROT][:].astype(np.float64)).as_matrix()
+    width = root[layout.GRIPPER_WIDTH][:, 0].astype(np.float64)
+    ends = root[layout.EPISODE_ENDS][:]
+    starts = np.concatenate([[0], ends[:-1]])
+    out = {"action": [], "obs.eef_pose_rel": [], "obs.gripper_width": []}
+
+    def rel(t, j):
+        r = rot[t].T @ rot[j]
+        return np.concatenate([rot[t].T @ (pos[j] - pos[t]), r[:, 0], r[:, 1]])
+
+    for e in episodes:
+        first, last = starts[e], ends[e] - 1
+        for t in range(first, last + 1):
+            for k in range(WINDOW.horizon):
+                j = min(t + k, last)
+                out["action"].append(np.concatenate([rel(t, j), [width[j]]]))
+            for k in range(WINDOW.n_obs_steps - 1, -1, -1):
+                j = max(t - k, first)
+                out["obs.eef_pose_rel"].append(rel(t, j))
+                out["obs.gripper_width"].append([width[j]])
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def test_lowdim_statistics_equal_a_numpy_reference_over_training_episodes(store: Path) -> None:
+    root = zarr.open_group(store, mode="r")
+    stats = compute_statistics(root, WINDOW, CONFIG)
+    train = stats["split"]["train"]
+    reference = reference_samples(root, train)
+
+    for name, samples in reference.items():
+        got = stats["lowdim"][name]
+        assert got["count"] == len(samples)
+        np.testing.assert_allclose(got["mean"], samples.mean(axis=0), atol=1e-12)
+        np.testing.assert_allclose(got["std"], samples.std(axis=0), atol=1e-12)
+        np.testing.assert_allclose(got["min"], samples.min(axis=0), atol=1e-12)
+        np.testing.assert_allclose(got["max"], samples.max(axis=0), atol=1e-12)
+        # Quantiles, the documented tolerance: within one histogram bin of the two order
+        # statistics that bracket the exact quantile (on dense data: one bin of it).
+        bin_width = (samples.max(axis=0) - samples.min(axis=0)) / CONFIG.quantile_bins + 1e-12
+        ordered = np.sort(samples, axis=0)
+        for q, key in ((0.01, "q01"), (0.99, "q99")):
+            rank = q * (len(samples) - 1)
+            lo, hi = ordered[int(np.floor(rank))], ordered[int(np.ceil(rank))]
+            estimate = np.asarray(got[key])
+            assert np.all((estimate >= lo - bin_width) & (estimate <= hi + bin_width)), key
+
+
+def test_action_windows_stop_at_the_episode_end(store: Path) -> None:
+    root = zarr.open_group(store, mode="r")
+    samples = reference_samples(root, [0])["action"].reshape(-1, WINDOW.horizon, 10)
+    last_anchor = samples[-1]
+    assert np.allclose(last_anchor, last_anchor[0])  # the last frame, repeated: nothing from episode 1
+    assert np.allclose(last_anchor[0, :3], 0) and np.allclose(last_anchor[0, 3:9], [1, 0, 0, 0, 1, 0])
+
+
+def test_only_training_episodes_count(store: Path) -> None:
+    root = zarr.open_group(store, mode="r+")
+    before = compute_statistics(root, WINDOW, CONFIG)
+    ends = root[layout.EPISODE_ENDS][:]
+    starts = np.concatenate([[0], ends[:-1]])
+    for e in before["split"]["val"]:
+        root[layout.EEF_POS][starts[e] : ends[e]] = 5.0  # garbage where only validation reads
+        root[layout.RGB][starts[e] : ends[e]] = 255
+    after = compute_statistics(root, WINDOW, CONFIG)
+    assert canonical_json(after) == canonical_json(before)
+
+
+def test_image_statistics_equal_numpy_on_the_sampled_frames(store: Path) -> None:
+    root = zarr.open_group(store, mode="r")
+    stats = compute_statistics(root, WINDOW, StatsConfig(seed=3, val_fraction=0.3, image_sample_frames=7))
+    image = stats["image"][layout.RGB]
+    ends = root[layout.EPISODE_ENDS][:]
+    starts = np.concatenate([[0], ends[:-1]])
+    pool = np.concatenate([np.arange(starts[e], ends[e]) for e in stats["split"]["train"]])
+    picked = pool[np.linspace(0, len(pool) - 1, 7).round().astype(int)]
+    frames = root[layout.RGB][:][picked].astype(np.float64) / 255
+    assert image["count"] == 7
+    np.testing.assert_allclose(image["mean"], frames.mean(axis=(0, 1, 2)), atol=1e-12)
+    np.testing.assert_allclose(image["std"], frames.std(axis=(0, 1, 2)), atol=1e-9)
+
+
+def test_split_is_seeded_by_episode_and_never_empty() -> None:
+    assert split_episodes(10, 0, 0.2) == split_episodes(10, 0, 0.2)
+    assert split_episodes(10, 0, 0.2) != split_episodes(10, 1, 0.2)
+    for n in (2, 3, 50):
+        for fraction in (0.01, 0.5, 0.99):
+            train, val = split_episodes(n, 7, fraction)
+            assert train and val and sorted(train + val) == list(range(n))
+    with pytest.raises(ValueError, match="at least 2"):
+        split_episodes(1, 0, 0.2)
+
+
+def test_statistics_are_deterministic_bytes(store: Path) -> None:
+    root = zarr.open_group(store, mode="r")
+    assert canonical_json(compute_statistics(root, WINDOW, CONFIG)) == canonical_json(compute_statistics(root, WINDOW, CONFIG))
