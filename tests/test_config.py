@@ -40,3 +40,13 @@ def test_lists_become_tuples_and_choices_are_checked() -> None:
         from_mapping(ConvertConfig, {"image_size": [64, "x"]}, "convert")
     with pytest.raises(ConfigError, match=r"'drop' is not one of 'trim', 'exclude'"):
         from_mapping(ConvertConfig, {"on_tracking_loss": "drop"}, "convert")
+
+
+def test_nested_sections_are_typed_too() -> None:
+    from policypipe.recordings.episode import ConvertConfig
+    from policypipe.recordings.streams import Topics
+
+    config = from_mapping(ConvertConfig, {"topics": {"camera": "/camera0/video"}}, "convert")
+    assert config.topics == Topics(camera="/camera0/video")
+    with pytest.raises(ConfigError, match=r"convert.topics\]: unknown key\(s\) camrea"):
+        from_mapping(ConvertConfig, {"topics": {"camrea": "/x"}}, "convert")

@@ -64,6 +64,10 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         if len(args) != len(value):
             raise ConfigError(f"{key}: expected {len(args)} values, got {len(value)}")
         return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping of {', '.join(f.name for f in dataclasses.fields(hint))}")
+        return from_mapping(hint, value, key)
     if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: expected true or false, got {value!r}")

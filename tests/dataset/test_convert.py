@@ -23,6 +23,7 @@ from policypipe.dataset.convert import DatasetError, convert_dataset
 from policypipe.lineage.hashing import sha256_path
 from policypipe.recordings.episode import ConvertConfig
 from policypipe.recordings.pairing import PairConfig, pair_export
+from policypipe.recordings.streams import Topics
 from policypipe.recordings.sample import StreamTiming, plan_motion, write_raw_mcap, write_vio_mcap
 from policypipe.recordings.sample_scene import read_timecode, timecode_value
 from tests.conftest import MCAP_SAMPLES, write_status
@@ -92,7 +93,7 @@ def test_poses_widths_and_frames_match_the_truth_at_every_kept_frame(tmp_path: P
     plan, truth = add_recording(export, "rec", 1, **variant)
     camera = "/camera0/video" if variant.get("camera") == "video" else "/camera0/image"
 
-    result = convert(export, tmp_path / "ds.zarr", replace(CONFIG, camera_topic=camera))
+    result = convert(export, tmp_path / "ds.zarr", replace(CONFIG, topics=Topics(camera=camera)))
 
     root, spans = episodes(tmp_path / "ds.zarr")
     (record,) = root.attrs[layout.ATTRS_EPISODES]
@@ -150,7 +151,7 @@ def test_bad_recordings_are_excluded_with_reasons_and_the_rest_is_intact(tmp_pat
     data = (export / "e_truncated_vio.mcap").read_bytes()
     (export / "e_truncated_vio.mcap").write_bytes(data[: int(len(data) * 0.6)])
 
-    config = replace(CONFIG, camera_topic="/camera0/image")
+    config = replace(CONFIG, topics=Topics(camera="/camera0/image"))
     result = convert(export, tmp_path / "ds.zarr", config)
 
     excluded = {e["stem"]: (e["excluded"], e["detail"]) for e in result.excluded}
@@ -173,7 +174,7 @@ def test_unexpected_schema_on_a_topic_names_it_and_what_was_expected(tmp_path: P
     export.mkdir()
     add_recording(export, "a", 3)
     with pytest.raises(DatasetError, match="no recording could be converted") as info:
-        convert(export, tmp_path / "ds.zarr", replace(CONFIG, camera_topic="/vio/pose"))
+        convert(export, tmp_path / "ds.zarr", replace(CONFIG, topics=Topics(camera="/vio/pose")))
     assert "/vio/pose has schema 'foxglove.PoseInFrame', expected foxglove.CompressedImage" in str(info.value)
     assert not (tmp_path / "ds.zarr").exists()
 

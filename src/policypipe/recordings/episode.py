@@ -27,13 +27,8 @@ log = logging.getLogger(__name__)
 class ConvertConfig:
     """`convert` section of params.yaml."""
 
-    camera_topic: str = "/camera0/image"
-    pose_topic: str = "/vio/pose"
-    width_topic: str = "/gripper/width"
-    # For a foxglove.FrameTransform pose topic: the gripper's child frame (null: every transform).
-    pose_child_frame: str | None = None
-    width_stamp_field: str = "stamp_ns"
-    width_value_field: str = "width_m"
+    # Which stream feeds which key.
+    topics: Topics = Topics()
     # (width, height) of the stored frames; resized with area averaging (suited to downscaling).
     image_size: tuple[int, int] = (96, 96)
     # Frames are stored as JPEG (see README, "Image codec").
@@ -72,17 +67,6 @@ class ConvertConfig:
             raise ValueError(f"min_frames must be at least 2, got {self.min_frames}")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0 (0: all cores), got {self.workers}")
-
-    @property
-    def topics(self) -> Topics:
-        return Topics(
-            camera=self.camera_topic,
-            pose=self.pose_topic,
-            width=self.width_topic,
-            pose_child_frame=self.pose_child_frame,
-            width_stamp_field=self.width_stamp_field,
-            width_value_field=self.width_value_field,
-        )
 
 
 @dataclass

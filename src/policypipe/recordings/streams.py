@@ -38,7 +38,9 @@ class RecordingError(Exception):
 
 @dataclass(frozen=True)
 class Topics:
-    camera: str = "/camera0/image"
+    """`convert.topics` in params.yaml: which stream feeds which key (recording-format.md)."""
+
+    camera: str = "/camera0/image"  # foxglove.CompressedImage or foxglove.CompressedVideo
     pose: str = "/vio/pose"
     width: str = "/gripper/width"
     # For a `foxglove.FrameTransform` pose topic: the child frame that is the gripper.
