@@ -277,3 +277,24 @@ def test_sigkill_mid_conversion_then_rerun_gives_the_uninterrupted_store(tmp_pat
     convert_dataset(manifest, export, out, cache, CONFIG)
     assert sha256_path(out) == sha256_path(reference)
     assert not list(tmp_path.glob(".ds.zarr.*"))  # no temporary left behind
+
+
+def test_every_real_public_mcap_gives_a_clear_per_recording_error(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    add_recording(export, "a_good", 3)
+    samples = sorted(MCAP_SAMPLES.rglob("*.mcap"))
+    for i, sample in enumerate(samples):
+        stem = f"real_{i:02d}"
+        shutil.copyfile(sample, export / f"{stem}_vio.mcap")
+        shutil.copyfile(sample, export / f"{stem}.mcap")
+        write_status(export / f"{stem}_vio.json", stem)
+
+    result = convert(export, tmp_path / "ds.zarr")
+
+    assert [e["stem"] for e in result.episodes] == ["a_good"]
+    excluded = {e["stem"]: e for e in result.excluded}
+    assert len(excluded) == len(samples)
+    for record in excluded.values():
+        assert record["excluded"] == "missing_topic"
+        assert "no messages on /camera0/image" in record["detail"] and "topics present:" in record["detail"]

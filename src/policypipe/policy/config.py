@@ -1,0 +1,39 @@
+"""The policy's configuration: every size is a param (`train.policy` in params.yaml)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    # What one sample spans (the shared `policy` section).
+    n_obs_steps: int = 2
+    horizon: int = 16
+    n_action_steps: int = 8
+    # Image encoder: a ResNet-18-style CNN with GroupNorm, trained from scratch.
+    image_size: tuple[int, int] = (96, 96)  # (width, height) of the dataset frames
+    crop_size: tuple[int, int] = (88, 88)  # random crop in training, centre crop at inference
+    encoder_widths: tuple[int, ...] = (64, 128, 256, 512)
+    image_feature_dim: int = 256
+    # Denoiser: a conditional 1-D temporal U-Net with FiLM.
+    down_dims: tuple[int, ...] = (256, 512, 1024)
+    kernel_size: int = 5
+    n_groups: int = 8
+    diffusion_step_embed_dim: int = 128
+    # Diffusion: DDPM training, DDIM inference.
+    num_train_timesteps: int = 100
+    num_inference_steps: int = 16
+    beta_schedule: str = "squaredcos_cap_v2"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n_action_steps <= self.horizon:
+            raise ValueError(f"n_action_steps must be in 1..horizon ({self.horizon}), got {self.n_action_steps}")
+        if self.horizon % (2 ** (len(self.down_dims) - 1)):
+            raise ValueError(f"horizon {self.horizon} must be divisible by 2**(len(down_dims) - 1) for the U-Net")
+        if any(c > s for c, s in zip(self.crop_size, self.image_size)):
+            raise ValueError(f"crop_size {self.crop_size} is larger than image_size {self.image_size}")
+        if any(w % 16 for w in self.encoder_widths):
+            raise ValueError("encoder_widths must be multiples of 16 (GroupNorm uses 16 channels a group)")
+        if not 1 <= self.num_inference_steps <= self.num_train_timesteps:
+            raise ValueError("num_inference_steps must be in 1..num_train_timesteps")

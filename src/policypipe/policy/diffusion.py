@@ -1,0 +1,101 @@
+"""Diffusion Policy: observations -> a chunk of future actions, by denoising.
+
+Training (DDPM): noise a normalised action chunk at a random diffusion step and regress the
+noise (epsilon prediction). Inference (DDIM): start from Gaussian noise and denoise in
+`num_inference_steps` steps. The schedules come from diffusers.
+
+Batch layout, with B batch, O = n_obs_steps, T = horizon:
+  obs_images   uint8 (B, O, H, W, 3)
+  obs_pose     float (B, O, 9)  gripper poses relative to the current one (pos + 6D rotation)
+  obs_width    float (B, O, 1)
+  action       float (B, T, 10) future poses relative to the current one, and width
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from diffusers import DDIMScheduler, DDPMScheduler
+from torch import nn
+
+from policypipe.policy.config import PolicyConfig
+from policypipe.policy.encoder import ImageEncoder
+from policypipe.policy.normalizer import ImageNormalizer, RangeNormalizer
+from policypipe.policy.unet import ConditionalUnet1D
+
+ACTION_DIM = 10
+POSE_DIM = 9
+
+
+class DiffusionPolicy(nn.Module):
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.image_normalizer = ImageNormalizer()
+        self.pose_normalizer = RangeNormalizer(POSE_DIM)
+        self.width_normalizer = RangeNormalizer(1)
+        self.action_normalizer = RangeNormalizer(ACTION_DIM)
+        self.encoder = ImageEncoder(config.encoder_widths, config.image_feature_dim)
+        cond_dim = config.n_obs_steps * (config.image_feature_dim + POSE_DIM + 1)
+        self.denoiser = ConditionalUnet1D(
+            ACTION_DIM, cond_dim, config.down_dims, config.diffusion_step_embed_dim, config.kernel_size, config.n_groups
+        )
+        schedule = dict(
+            num_train_timesteps=config.num_train_timesteps, beta_schedule=config.beta_schedule,
+            clip_sample=True, prediction_type="epsilon",
+        )
+        self.train_scheduler = DDPMScheduler(**schedule)
+        self.inference_scheduler = DDIMScheduler(**schedule, set_alpha_to_one=True)
+
+    def fit_normalizers(self, stats: dict[str, Any]) -> None:
+        """Loads the `stats` stage's statistics into the policy's own state."""
+        self.pose_normalizer.fit(stats["lowdim"]["obs.eef_pose_rel"])
+        self.width_normalizer.fit(stats["lowdim"]["obs.gripper_width"])
+        self.action_normalizer.fit(stats["lowdim"]["action"])
+        (image_stats,) = stats["image"].values()
+        self.image_normalizer.fit(image_stats)
+
+    def _crop(self, images: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """(N, 3, H, W): a random crop per image in training, the centre crop otherwise."""
+        cw, ch = self.config.crop_size
+        h, w = images.shape[-2:]
+        if self.training:
+            ys = torch.randint(0, h - ch + 1, (len(images),), generator=generator, device="cpu").tolist()
+            xs = torch.randint(0, w - cw + 1, (len(images),), generator=generator, device="cpu").tolist()
+            return torch.stack([img[:, y : y + ch, x : x + cw] for img, y, x in zip(images, ys, xs)])
+        y, x = (h - ch) // 2, (w - cw) // 2
+        return images[:, :, y : y + ch, x : x + cw]
+
+    def condition(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
+        """(B, O * (F + 10)): image features and normalised low-dimensional state per obs step."""
+        images = batch["obs_images"]
+        b, o = images.shape[:2]
+        pixels = self._crop(self.image_normalizer(images.flatten(0, 1)), generator)
+        features = self.encoder(pixels).view(b, o, -1)
+        pose = self.pose_normalizer.normalize(batch["obs_pose"])
+        width = self.width_normalizer.normalize(batch["obs_width"])
+        return torch.cat([features, pose, width], dim=-1).flatten(1)
+
+    def compute_loss(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
+        cond = self.condition(batch, generator)
+        actions = self.action_normalizer.normalize(batch["action"])
+        device = actions.device
+        noise = torch.randn(actions.shape, generator=generator, device="cpu").to(device)
+        steps = torch.randint(0, self.config.num_train_timesteps, (len(actions),), generator=generator, device="cpu").to(device)
+        noisy = self.train_scheduler.add_noise(actions, noise, steps)
+        return F.mse_loss(self.denoiser(noisy, steps, cond), noise)
+
+    @torch.no_grad()
+    def predict_action(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
+        """(B, horizon, 10) actions in the dataset's units; the first n_action_steps are executed."""
+        cond = self.condition(batch)
+        b = cond.shape[0]
+        sample = torch.randn((b, self.config.horizon, ACTION_DIM), generator=generator, device="cpu").to(cond.device)
+        scheduler = self.inference_scheduler
+        scheduler.set_timesteps(self.config.num_inference_steps)
+        for t in scheduler.timesteps:
+            eps = self.denoiser(sample, torch.full((b,), int(t), device=cond.device), cond)
+            sample = scheduler.step(eps, t, sample).prev_sample
+        return self.action_normalizer.unnormalize(sample)
