@@ -43,3 +43,35 @@ def test_writer_refuses_a_frame_count_that_does_not_match(tmp_path: Path) -> Non
     writer.append([encode_jpeg(f, 95) for f in frames(5)])
     with pytest.raises(ValueError, match="25 frames declared"):
         writer.close()
+
+
+def test_reader_returns_what_zarr_returns_and_checks_the_index(tmp_path: Path) -> None:
+    from policypipe.dataset.frame_shards import FrameShardReader
+
+    data = frames(23)
+    group = zarr.open_group(tmp_path / "s.zarr", mode="w", zarr_format=3)
+    create_frames_array(group, "rgb", 23, (32, 24), 10, 95)[:] = data
+    reader = FrameShardReader(tmp_path / "s.zarr", "rgb")
+    through_zarr = zarr.open_group(tmp_path / "s.zarr", mode="r")["rgb"]
+    assert reader.fast
+    for i in (0, 9, 10, 22):
+        assert np.array_equal(reader.read(i), through_zarr[i])
+    assert np.array_equal(reader.read_many([3, 21]), through_zarr[[3, 21]])
+    with pytest.raises(IndexError):
+        reader.read(23)
+
+    shard = tmp_path / "s.zarr" / "rgb" / "c" / "1" / "0" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[-10] ^= 1  # inside the index
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="checksum"):
+        FrameShardReader(tmp_path / "s.zarr", "rgb").read(12)
+
+
+def test_reader_falls_back_to_zarr_for_other_layouts(tmp_path: Path) -> None:
+    from policypipe.dataset.frame_shards import FrameShardReader
+
+    data = frames(12)
+    zarr.create_array(tmp_path / "plain.zarr", data=data, chunks=(5, 24, 32, 3))
+    reader = FrameShardReader(tmp_path, "plain.zarr")
+    assert not reader.fast and np.array_equal(reader.read(7), data[7])

@@ -11,6 +11,7 @@ what zarr writes itself, and zarr reads it like any other store.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import google_crc32c
@@ -18,7 +19,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
 
-from policypipe.dataset.image_codec import JpegCodec
+from policypipe.dataset.image_codec import JpegCodec, decode_jpeg
 
 ABSENT = np.uint64(2**64 - 1)
 
@@ -90,3 +91,62 @@ def _check_layout(sharding: ShardingCodec, array: zarr.Array) -> None:
     )
     if not ok:
         raise ValueError(f"{array.path}: not a JPEG frame array with the standard shard layout")
+
+
+class FrameShardReader:
+    """Random access to single frames of a frame array, without zarr's per-read machinery.
+
+    Reads a shard's index once (checking its CRC32C), then each frame is one `pread` and one
+    JPEG decode: ~0.1 ms instead of ~1 ms through zarr, and nothing in it holds a thread or an
+    event loop, so it is safe in forked DataLoader workers. Stores in another layout are read
+    through zarr.
+    """
+
+    def __init__(self, store_root: Path, key: str) -> None:
+        self.array = zarr.open_array(Path(store_root) / key, mode="r")
+        self.shape = self.array.shape
+        self.array_dir = Path(store_root) / key
+        try:
+            (sharding,) = [c for c in self.array.metadata.codecs if isinstance(c, ShardingCodec)]
+            _check_layout(sharding, self.array)
+            self.frames_per_shard = self.array.metadata.chunk_grid.chunk_shape[0]
+            self.fast = True
+        except ValueError:
+            self.fast = False
+        self._indexes: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _index(self, shard: int) -> np.ndarray:
+        index = self._indexes.get(shard)
+        if index is None:
+            path = self.array_dir / "c" / str(shard) / "0" / "0" / "0"
+            size = 16 * self.frames_per_shard
+            with open(path, "rb") as f:
+                f.seek(-(size + 4), os.SEEK_END)
+                raw = f.read(size + 4)
+            if np.uint32(google_crc32c.value(raw[:size])).astype("<u4").tobytes() != raw[size:]:
+                raise ValueError(f"{path}: shard index checksum does not match (corrupt file; run policypipe verify)")
+            index = self._indexes[shard] = np.frombuffer(raw[:size], dtype="<u8").reshape(-1, 2)
+        return index
+
+    def read(self, i: int) -> np.ndarray:
+        """(H, W, 3) uint8 RGB frame i."""
+        if not self.fast:
+            return self.array[i]
+        if not 0 <= i < self.shape[0]:
+            raise IndexError(f"frame {i} out of range 0..{self.shape[0] - 1}")
+        shard, local = divmod(i, self.frames_per_shard)
+        offset, nbytes = (int(v) for v in self._index(shard)[local])
+        if offset == int(ABSENT):
+            return np.zeros(self.shape[1:], dtype=np.uint8)  # the fill value, as zarr reads it
+        fd = os.open(self.array_dir / "c" / str(shard) / "0" / "0" / "0", os.O_RDONLY)
+        try:
+            data = os.pread(fd, nbytes, offset)
+        finally:
+            os.close(fd)
+        return decode_jpeg(np.frombuffer(data, np.uint8))
+
+    def read_many(self, indices) -> np.ndarray:
+        return np.stack([self.read(int(i)) for i in indices])

@@ -1,0 +1,1 @@
+"""Training: samples from the dataset, the loop, checkpoints."""

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import zarr
+from torch.utils.data import DataLoader
+
+from policypipe.dataset import layout
+from policypipe.dataset.windows import WindowConfig
+from policypipe.training.data import WindowDataset
+from tests.dataset.conftest import make_store
+
+WINDOW = WindowConfig(n_obs_steps=2, horizon=6, n_action_steps=3)
+
+
+def test_samples_cover_only_the_chosen_episodes_with_edge_padding(tmp_path: Path) -> None:
+    root = make_store(tmp_path / "ds.zarr", lengths=(10, 12, 9))
+    ds = WindowDataset(tmp_path / "ds.zarr", [0, 2], WINDOW)
+    assert len(ds) == 10 + 9
+
+    first = ds[0]  # episode 0's first frame: the past is padded with itself
+    assert first["obs_images"].shape == (2, 12, 16, 3) and first["obs_images"].dtype == torch.uint8
+    assert torch.equal(first["obs_images"][0], first["obs_images"][1])
+    assert torch.allclose(first["obs_pose"][0], first["obs_pose"][1])
+    assert first["action"].shape == (6, 10) and first["obs_pose"].shape == (2, 9) and first["obs_width"].shape == (2, 1)
+
+    last_of_ep0 = ds[9]  # the future is padded with episode 0's last frame, never episode 1
+    assert torch.allclose(last_of_ep0["action"], last_of_ep0["action"][0].expand(6, 10))
+    width = root[layout.GRIPPER_WIDTH][:, 0]
+    assert torch.allclose(last_of_ep0["action"][:, 9], torch.tensor(width[9]).float())
+    assert np.array_equal(ds[10]["obs_images"][1].numpy(), root[layout.RGB][22])  # episode 2 starts at frame 22
+
+
+def test_loads_in_worker_processes(tmp_path: Path) -> None:
+    make_store(tmp_path / "ds.zarr")
+    ds = WindowDataset(tmp_path / "ds.zarr", [0, 1, 2], WINDOW)
+    ds[0]  # the parent has opened its reader: workers must still get their own
+    batches = list(DataLoader(ds, batch_size=16, num_workers=2, shuffle=False))
+    assert sum(len(b["action"]) for b in batches) == len(ds)
+    assert torch.equal(batches[0]["obs_images"][3], ds[3]["obs_images"])
