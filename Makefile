@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 export DVC_NO_ANALYTICS := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test lock bench clean-demo
+.PHONY: setup demo test lock bench smoke clean-demo
 
 setup: $(STAMP)
 
@@ -47,3 +47,7 @@ clean-demo:
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.bench_convert
 	$(BIN)/python -m tests.benchmarks.bench_stats
+
+# Before committing GPUs: a few real steps, interrupted and resumed in a fresh process.
+smoke: $(STAMP)
+	$(BIN)/policypipe smoke

@@ -9,11 +9,9 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
-import yaml
-
-from policypipe.config import ConfigError, from_mapping
+from policypipe.config import ConfigError, from_mapping, read_section
 
 T = TypeVar("T")
 PARAMS_FILE = Path("params.yaml")
@@ -26,18 +24,9 @@ def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-def load_params(section: str) -> dict[str, Any]:
-    if not PARAMS_FILE.is_file():
-        fail(f"{PARAMS_FILE} not found in {Path.cwd()}: run the stage from the repository root (dvc repro does)")
-    params = yaml.safe_load(PARAMS_FILE.read_text()) or {}
-    if section not in params:
-        fail(f"{PARAMS_FILE} has no [{section}] section; add it (see README, 'Parameters')")
-    return params[section] or {}
-
-
 def load_config(section: str, cls: type[T]) -> T:
     try:
-        return from_mapping(cls, load_params(section), section)
+        return from_mapping(cls, read_section(PARAMS_FILE, section), section)
     except ConfigError as exc:
         fail(str(exc))
 

@@ -49,9 +49,20 @@ def checkout_copy(dest: Path) -> Path:
     return dest
 
 
+def shorten_training(repo: Path) -> None:
+    """The demo's params, with a training run of a few steps: the stage runs for real, quickly."""
+    import yaml
+
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"] |= {"steps": 6, "batch_size": 8, "val_every": 3, "val_batches": 1, "checkpoint_every": 3, "num_workers": 0}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(repo, "git", "commit", "-qam", "short training")
+
+
 @pytest.fixture(scope="module")
 def demo_repo(tmp_path_factory) -> Path:
     repo = checkout_copy(tmp_path_factory.mktemp("checkout"))
+    shorten_training(repo)
     run(repo, "policypipe", "sample", "data/raw", "--recordings", "3", "--seed", "7")
     run(repo, "dvc", "repro")
     return repo
@@ -96,7 +107,7 @@ def test_dataset_report_stats_and_verify_after_repro(demo_repo: Path) -> None:
     }
     out = run(demo_repo, "policypipe", "verify", "data/dataset.zarr")
     assert out.startswith("OK data/dataset.zarr")
-    for stage in ("pair", "convert", "stats"):
+    for stage in ("pair", "convert", "stats", "train"):
         assert json.loads((demo_repo / f"metrics/provenance/{stage}.json").read_text())["stage"] == stage
 
 
@@ -104,6 +115,7 @@ def test_second_repro_changes_nothing(demo_repo: Path) -> None:
     watched = [
         "data/manifest.json", "metrics/pair.json", "metrics/pair_report.json", "metrics/provenance/pair.json", "dvc.lock",
         "metrics/convert.json", "metrics/dataset.json", "data/stats/stats.json", "metrics/provenance/stats.json",
+        "metrics/train.json", "data/policy/model.safetensors", "metrics/provenance/train.json",
     ]
     before = {p: (demo_repo / p).read_bytes() for p in watched}
     out = run(demo_repo, "dvc", "repro")
@@ -112,9 +124,20 @@ def test_second_repro_changes_nothing(demo_repo: Path) -> None:
     assert "Running stage" not in out
 
 
+def test_train_stage_exports_a_policy_with_checkpoints_and_metrics(demo_repo: Path) -> None:
+    metrics = json.loads((demo_repo / "metrics/train.json").read_text())
+    assert metrics["steps"] == 6 and metrics["val_loss_first"] > 0 and metrics["samples_per_s"] > 0
+    checkpoints = {p.name for p in (demo_repo / "data/train/checkpoints").iterdir()}
+    assert "latest" in checkpoints and any(n.startswith("val_loss-") for n in checkpoints)
+    assert run(demo_repo, "policypipe", "verify", "data/policy").startswith("OK")
+    assert (demo_repo / "metrics/train/plots/metrics/train/train_loss.tsv").is_file()
+    assert (demo_repo / "data/train/log.jsonl").read_text().count("\n") == 6
+
+
 def test_manifest_is_identical_in_another_checkout_location(demo_repo: Path, tmp_path: Path) -> None:
     other = checkout_copy(tmp_path / "somewhere" / "else")
+    shorten_training(other)
     shutil.copytree(demo_repo / "data/raw", other / "data/raw")
     run(other, "dvc", "repro")
-    for output in ("data/manifest.json", "data/stats/stats.json", "metrics/dataset.json"):
+    for output in ("data/manifest.json", "data/stats/stats.json", "metrics/dataset.json", "data/policy/model.safetensors"):
         assert (other / output).read_bytes() == (demo_repo / output).read_bytes(), output

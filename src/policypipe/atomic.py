@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,5 +54,69 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     except OSError:
         pass
+    finally:
+        os.close(fd)
+
+
+MANIFEST = "manifest.json"
+
+
+def write_folder_atomic(folder: Path, writers: dict[str, Callable[[Path], None]], extra: dict[str, Any] | None = None) -> Path:
+    """Builds a folder under a temporary name, then renames it into place.
+
+    `writers` maps file names to functions that write that file. A `manifest.json` with the
+    SHA-256 of every file (and `extra`) is added; every file is fsynced before the rename. An
+    older folder at the same place is renamed aside and removed only once the new one is in.
+    """
+    from policypipe.lineage.hashing import sha256_file
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        for name, write in writers.items():
+            write(tmp / name)
+        manifest = {"files": {name: sha256_file(tmp / name) for name in writers}} | (extra or {})
+        (tmp / MANIFEST).write_bytes(canonical_json(manifest))
+        for name in (*writers, MANIFEST):
+            _fsync_path(tmp / name)
+        _fsync_dir(tmp)
+        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        if folder.exists():
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+        _fsync_dir(folder.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def verify_folder(folder: Path) -> list[str]:
+    """Files whose SHA-256 differs from the folder's manifest (empty: intact)."""
+    from policypipe.lineage.hashing import sha256_file
+
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError) as exc:
+        return [f"{folder / MANIFEST}: unreadable ({exc})"]
+    problems = []
+    for name, digest in sorted(manifest.items()):
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name}: missing")
+        elif sha256_file(path) != digest:
+            problems.append(f"{name}: SHA-256 differs from the manifest")
+    return problems
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
     finally:
         os.close(fd)

@@ -73,8 +73,17 @@ def _verify(args: argparse.Namespace) -> int:
     from policypipe.dataset.fingerprint import UnreadableArray, compare, compare_files, fingerprint, store_files
 
     target: Path = args.path
+    if (target / "manifest.json").is_file():  # an exported policy or a checkpoint
+        from policypipe.atomic import verify_folder
+
+        problems = verify_folder(target)
+        if problems:
+            print(f"CORRUPT {target}: " + "; ".join(problems))
+            return 1
+        print(f"OK {target}: every file matches its manifest")
+        return 0
     if not (target / "zarr.json").is_file():
-        print(f"error: {target} is not a zarr store (no zarr.json)", file=sys.stderr)
+        print(f"error: {target} is neither a dataset (zarr.json) nor a policy or checkpoint (manifest.json)", file=sys.stderr)
         return 2
     record_path = args.record or _find_record(target)
     if record_path is None:
@@ -99,6 +108,36 @@ def _verify(args: argparse.Namespace) -> int:
     layout_note = "" if damaged is not None else " (content; stored in another layout than recorded)"
     print(f"OK {target} fingerprint {actual.digest} matches {record_path}{layout_note}")
     return 0
+
+
+def _smoke(args: argparse.Namespace) -> int:
+    from dataclasses import asdict, replace
+
+    from policypipe.config import ConfigError, from_mapping, read_section
+    from policypipe.dataset.windows import WindowConfig
+    from policypipe.training.loop import TrainConfig
+    from policypipe.training.smoke import run_smoke
+
+    try:
+        window = from_mapping(WindowConfig, read_section(args.params, "policy"), "policy")
+        config = from_mapping(TrainConfig, read_section(args.params, "train"), "train")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    config = replace(config, model=replace(config.model, **asdict(window)))
+    for path in (args.dataset, args.stats):
+        if not path.exists():
+            print(f"error: {path} not found: run `dvc repro stats` (or `dvc pull`) first", file=sys.stderr)
+            return 2
+    print(f"smoke: {args.steps} steps, interrupted at {max(1, args.steps // 2)} and resumed in a fresh process ...", flush=True)
+    report = run_smoke(args.dataset, args.stats, config, steps=args.steps)
+    gpu = f", peak GPU memory {report.peak_gpu_mb:.0f} MB" if report.peak_gpu_mb is not None else ""
+    if report.ok:
+        print(f"smoke OK: step, learning rate, loss and weights continue seamlessly after resuming; "
+              f"peak RSS {report.peak_rss_mb:.0f} MB{gpu}; {report.seconds:.0f} s")
+        return 0
+    print("smoke FAILED: " + "; ".join(report.problems))
+    return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,13 +169,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="list every rejected file")
     p.set_defaults(func=_pair)
 
-    p = sub.add_parser("verify", help="check a dataset against the fingerprint the pipeline recorded",
+    p = sub.add_parser("verify", help="check a dataset, policy or checkpoint against what the pipeline recorded",
                        description="Recompute a dataset's fingerprint (its logical content) and compare it with the "
                        "pipeline's record: after a copy to a server, a dvc pull, or to catch corruption.")
-    p.add_argument("path", type=Path, metavar="PATH", help="a dataset (zarr store)")
+    p.add_argument("path", type=Path, metavar="PATH", help="a dataset (zarr store), an exported policy or a checkpoint")
     p.add_argument("--record", type=Path, default=None,
                    help="the record to check against (default: data/stats/stats.json or metrics/dataset.json of the repository)")
     p.set_defaults(func=_verify)
+
+    p = sub.add_parser("smoke", help="check training end to end in a scratch folder before committing GPUs",
+                       description="Build the model from params.yaml, train a few steps on real batches, interrupt, "
+                       "resume in a fresh process and check that everything continues seamlessly. Touches no run folder.")
+    p.add_argument("--dataset", type=Path, default=Path("data/dataset.zarr"))
+    p.add_argument("--stats", type=Path, default=Path("data/stats/stats.json"))
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--steps", type=int, default=6)
+    p.set_defaults(func=_smoke)
     return parser
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -18,6 +19,19 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A configuration that cannot work; the message says which key and what to change."""
+
+
+def read_section(params_file: Path, section: str) -> dict[str, Any]:
+    """One section of params.yaml as a dict; a missing file or section says what to do."""
+    import yaml
+
+    params_file = Path(params_file)
+    if not params_file.is_file():
+        raise ConfigError(f"{params_file} not found in {Path.cwd()}: run from the repository root (dvc repro does)")
+    params = yaml.safe_load(params_file.read_text()) or {}
+    if section not in params:
+        raise ConfigError(f"{params_file} has no [{section}] section; add it (see README, 'Parameters')")
+    return params[section] or {}
 
 
 def from_mapping(cls: type[T], mapping: Mapping[str, Any] | None, section: str) -> T:

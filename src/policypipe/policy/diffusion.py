@@ -87,6 +87,10 @@ class DiffusionPolicy(nn.Module):
         noisy = self.train_scheduler.add_noise(actions, noise, steps)
         return F.mse_loss(self.denoiser(noisy, steps, cond), noise)
 
+    def forward(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
+        """The training loss: calling the module (not a method) lets DDP and autocast wrap it."""
+        return self.compute_loss(batch, generator)
+
     @torch.no_grad()
     def predict_action(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
         """(B, horizon, 10) actions in the dataset's units; the first n_action_steps are executed."""

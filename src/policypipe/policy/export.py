@@ -1,0 +1,39 @@
+"""The exported policy (`data/policy/`): EMA weights with the normalizer, config, manifest.
+
+Loading checks the manifest and reads safetensors and JSON only: no pickled code runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file, save_file
+
+from policypipe.atomic import canonical_json, verify_folder, write_folder_atomic
+from policypipe.policy.config import PolicyConfig
+from policypipe.policy.diffusion import DiffusionPolicy
+
+
+def save_policy(folder: Path, policy: DiffusionPolicy, lineage: dict[str, Any]) -> Path:
+    state = {k: v.detach().contiguous().cpu() for k, v in policy.state_dict().items()}
+    config = canonical_json({"policy": asdict(policy.config)})
+    return write_folder_atomic(
+        folder,
+        {"model.safetensors": lambda p: save_file(state, p), "config.json": lambda p: p.write_bytes(config)},
+        extra={"lineage": lineage},
+    )
+
+
+def load_policy(folder: Path) -> DiffusionPolicy:
+    problems = verify_folder(folder)
+    if problems:
+        raise ValueError(f"policy {folder} is damaged: {'; '.join(problems)}")
+    raw = json.loads((Path(folder) / "config.json").read_text())["policy"]
+    tuples = {f.name for f in fields(PolicyConfig) if "tuple" in str(f.type)}
+    config = PolicyConfig(**{k: tuple(v) if k in tuples else v for k, v in raw.items()})
+    policy = DiffusionPolicy(config)
+    policy.load_state_dict(load_file(Path(folder) / "model.safetensors"))
+    return policy.eval()

@@ -1,0 +1,122 @@
+"""Stage `train`: the Diffusion Policy on the training episodes; checkpoints, the exported policy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import zarr
+from common import fail, load_config, setup_logging
+from tqdm import tqdm
+
+from policypipe.atomic import write_json_atomic
+from policypipe.dataset import layout
+from policypipe.dataset.windows import WindowConfig
+from policypipe.lineage.hashing import sha256_file, sha256_path
+from policypipe.lineage.provenance import StageRun
+from policypipe.policy.export import save_policy
+from policypipe.training.checkpoint import CheckpointError
+from policypipe.training.loop import TrainConfig, train
+
+
+class Logger:
+    """Progress bar, JSON-lines log and DVCLive, all written as they happen (rank 0 only)."""
+
+    def __init__(self, total: int, live_dir: Path, jsonl: Path) -> None:
+        self.total, self.live_dir, self.jsonl = total, live_dir, jsonl
+        self.bar = None
+        self.live = None
+
+    def __call__(self, record: dict) -> None:
+        from dvclive import Live
+
+        if self.live is None:
+            resumed = record["step"] > 1
+            # dvcyaml=None: metrics and plots are declared in dvc.yaml by hand, never rewritten.
+            self.live = Live(str(self.live_dir), resume=resumed, save_dvc_exp=False, dvcyaml=None, report=None)
+            self.bar = tqdm(total=self.total, initial=record["step"] - 1, desc="train", unit="step", dynamic_ncols=True)
+            if not resumed:
+                self.jsonl.unlink(missing_ok=True)
+            self.jsonl.parent.mkdir(parents=True, exist_ok=True)
+        self.live.step = record["step"]
+        for key, value in record.items():
+            if key != "step":
+                self.live.log_metric(f"train/{key}" if key != "val_loss" else "val/loss", value)
+        self.live.next_step()
+        with open(self.jsonl, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{record['train_loss']:.4f}", **({"val": f"{record['val_loss']:.4f}"} if "val_loss" in record else {}))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.live is not None:
+            self.live.end()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dataset", type=Path, required=True)
+    parser.add_argument("--stats", type=Path, required=True)
+    parser.add_argument("--run", type=Path, required=True, help="run folder: checkpoints, history (persisted)")
+    parser.add_argument("--policy", type=Path, required=True, help="the exported policy")
+    parser.add_argument("--metrics", type=Path, required=True)
+    parser.add_argument("--live", type=Path, required=True, help="DVCLive folder (per-step metrics and plots)")
+    parser.add_argument("--provenance", type=Path, required=True)
+    args = parser.parse_args()
+    setup_logging()
+    window = load_config("policy", WindowConfig)
+    config = load_config("train", TrainConfig)
+    config = replace(config, model=replace(config.model, **asdict(window)))
+    if config.num_processes != 1:
+        fail("train.num_processes > 1 is not supported yet: set it to 1")
+    stats = json.loads(args.stats.read_text())
+    image_size = tuple(zarr.open_group(args.dataset, mode="r").attrs[layout.ATTRS_IMAGE_SIZE])
+    if image_size != config.model.image_size:
+        fail(f"train.model.image_size {list(config.model.image_size)} differs from the dataset's {list(image_size)}: "
+             "set it to the dataset's (convert.image_size)")
+
+    started = time.monotonic()
+    logger = Logger(config.steps, args.live, args.run / "log.jsonl")
+    with StageRun("train", params={"train": asdict(config), "policy": asdict(window)}) as run:
+        try:
+            result = train(store=args.dataset, stats=stats, stats_sha256=sha256_file(args.stats), config=config,
+                           run_dir=args.run, log_step=logger)
+        except CheckpointError as exc:
+            fail(str(exc))
+        finally:
+            logger.close()
+        fingerprint = stats["dataset_fingerprint"]["sha256"]
+        save_policy(args.policy, result.policy, {"dataset_fingerprint": fingerprint, "stats_sha256": sha256_file(args.stats),
+                                                 "steps": result.steps})
+        latest = args.run / "checkpoints" / "latest"
+        metrics = {
+            "steps": result.steps,
+            "resumed_from_step": result.resumed_from,
+            "val_loss_first": result.first_val_loss,
+            "val_loss_best": result.best_val_loss,
+            "train_loss_last": result.last_train_loss,
+            "samples_per_s": round(result.samples_per_s, 2),
+            "data_wait_fraction": round(result.data_wait_fraction, 4),
+            "wall_time_s": round(time.monotonic() - started, 1),
+            "checkpoint_bytes": sum(p.stat().st_size for p in latest.iterdir()) if latest.exists() else None,
+            "parameters": sum(p.numel() for p in result.policy.parameters()),
+            "checkpoint_warnings": result.checkpoint_warnings,
+        }
+        write_json_atomic(args.metrics, metrics)
+    run.inputs[args.dataset.as_posix() + "#fingerprint"] = fingerprint
+    run.inputs[args.stats.as_posix()] = sha256_file(args.stats)
+    run.outputs[args.policy.as_posix()] = sha256_path(args.policy)
+    run.add_outputs([args.metrics])
+    run.write(args.provenance)
+    print(f"trained {result.steps} steps: val loss {metrics['val_loss_first']:.4f} -> best {metrics['val_loss_best']:.4f}, "
+          f"{metrics['samples_per_s']:.0f} samples/s, {metrics['wall_time_s']:.0f} s", file=sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""The training loop on a tiny real store: exact resume after SIGKILL, refused resume,
+checkpoint faults, top-k by validation loss."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from policypipe.training.checkpoint import CheckpointError, load_checkpoint
+from policypipe.training.loop import TrainConfig, train
+from tests.training.conftest import CONFIG
+
+def run_training(dataset, run_dir: Path, config: TrainConfig = CONFIG, stats_sha: str = "s" * 64, **changes):
+    store, stats_path = dataset
+    stats = json.loads(stats_path.read_text())
+    stats.update(changes.pop("stats_changes", {}))
+    return train(store=store, stats=stats, stats_sha256=stats_sha, config=replace(config, **changes), run_dir=run_dir)
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "checkpoints" / "latest" / "model.safetensors")
+
+
+def test_run_writes_latest_and_top_k_by_validation_loss_and_learns(dataset, tmp_path: Path) -> None:
+    result = run_training(dataset, tmp_path / "run")
+    names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert "latest" in names and len(names) == 1 + CONFIG.keep_top_k
+    assert all(n.startswith("val_loss-") for n in names if n != "latest")
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    best = sorted(v for _, v in history["val"])[: CONFIG.keep_top_k]
+    assert sorted(float(n.split("-")[1]) for n in names if n != "latest") == pytest.approx(best, abs=1e-5)
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "latest")
+    assert state.trainer["step"] == 12 and state.trainer["complete"]
+    assert result.best_val_loss <= result.first_val_loss
+
+
+KILL_SCRIPT = """
+import sys, json
+from dataclasses import replace
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from tests.training.conftest import CONFIG
+from policypipe.training.loop import train
+stats = json.loads(Path(sys.argv[2]).read_text())
+train(store=Path(sys.argv[1]), stats=stats, stats_sha256="s" * 64, config=CONFIG, run_dir=Path(sys.argv[4]))
+"""
+
+
+def test_sigkill_then_resume_ends_with_bitwise_identical_weights(dataset, tmp_path: Path) -> None:
+    run_training(dataset, tmp_path / "straight")
+
+    killed = tmp_path / "killed"
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(dataset[0]), str(dataset[1]), str(repo), str(killed)])
+    latest = killed / "checkpoints" / "latest" / "trainer.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if latest.is_file() and json.loads(latest.read_text())["step"] >= 4:
+            break
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    step_at_kill = json.loads(latest.read_text())["step"]
+    assert 4 <= step_at_kill < 12, "the run was not interrupted part-way"
+
+    result = run_training(dataset, killed)
+
+    assert result.resumed_from == step_at_kill
+    a, b = weights(tmp_path / "straight"), weights(killed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ema_a = load_file(tmp_path / "straight" / "checkpoints" / "latest" / "ema.safetensors")
+    ema_b = load_file(killed / "checkpoints" / "latest" / "ema.safetensors")
+    assert all(torch.equal(ema_a[k], ema_b[k]) for k in ema_a)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"lr": 5e-4}, "train.lr: 0.001 -> 0.0005"),
+        ({"stats_changes": {"dataset_fingerprint": {"sha256": "0" * 64}}}, "the dataset (fingerprint) changed"),
+        ({"stats_sha": "t" * 64}, "the normalization statistics changed"),
+    ],
+)
+def test_resume_is_refused_when_the_run_would_differ(dataset, tmp_path: Path, change: dict, named: str) -> None:
+    run_dir = tmp_path / "run"
+    run_training(dataset, run_dir)
+    state_file = run_dir / "checkpoints" / "latest" / "trainer.json"
+    _mark_unfinished(run_dir)  # as a kill part-way would leave it
+    with pytest.raises(CheckpointError) as info:
+        if "stats_sha" in change:
+            run_training(dataset, run_dir, stats_sha=change["stats_sha"])
+        else:
+            run_training(dataset, run_dir, **change)
+    message = str(info.value)
+    assert named in message and "start fresh" in message and str(run_dir) in message
+    assert state_file.is_file()  # nothing was thrown away
+
+
+def _mark_unfinished(run_dir: Path) -> None:
+    """Turns a finished `latest` into an unfinished one, with a valid manifest."""
+    from policypipe.training.checkpoint import TrainingState, save_checkpoint
+
+    latest = run_dir / "checkpoints" / "latest"
+    state = load_checkpoint(latest)
+    state.trainer["complete"] = False
+    save_checkpoint(latest, TrainingState(state.model, state.ema, state.optimizer, state.trainer, state.rng_tensors))
+
+
+def test_a_finished_run_with_another_config_starts_fresh(dataset, tmp_path: Path) -> None:
+    run_training(dataset, tmp_path / "run")
+    result = run_training(dataset, tmp_path / "run", lr=5e-4)
+    assert result.resumed_from is None
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "latest").trainer["config"]["lr"] == 5e-4
+
+
+def test_a_checkpoint_that_cannot_be_written_does_not_stop_training(dataset, tmp_path: Path, monkeypatch) -> None:
+    import policypipe.training.loop as loop
+
+    real_save = loop.save_checkpoint
+    calls = {"n": 0}
+
+    def failing_save(folder, state):
+        calls["n"] += 1
+        if calls["n"] > 2 and "fallback" not in str(folder):  # the disk fills up after the first save
+            raise OSError(28, "No space left on device")
+        return real_save(folder, state)
+
+    monkeypatch.setattr(loop, "save_checkpoint", failing_save)
+    result = run_training(dataset, tmp_path / "run", fallback_dir=str(tmp_path / "fallback"))
+
+    assert result.steps == CONFIG.steps  # training went on
+    assert result.checkpoint_warnings and "No space left on device" in result.checkpoint_warnings[0]
+    assert "written to the fallback" in result.checkpoint_warnings[0]
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "latest").trainer["step"] == 4  # the previous good one
+    assert load_checkpoint(tmp_path / "fallback" / "latest").trainer["step"] == 12
+
+
+def test_damaged_checkpoint_is_refused_not_loaded(dataset, tmp_path: Path) -> None:
+    run_training(dataset, tmp_path / "run")
+    _mark_unfinished(tmp_path / "run")
+    model = tmp_path / "run" / "checkpoints" / "latest" / "model.safetensors"
+    data = bytearray(model.read_bytes())
+    data[-5] ^= 0xFF
+    model.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="model.safetensors: SHA-256 differs"):
+        run_training(dataset, tmp_path / "run")
+
+
+def test_verify_command_checks_a_checkpoint_against_its_manifest(dataset, tmp_path: Path) -> None:
+    run_training(dataset, tmp_path / "run")
+    cli = Path(sys.executable).with_name("policypipe")
+    latest = tmp_path / "run" / "checkpoints" / "latest"
+    ok = subprocess.run([str(cli), "verify", str(latest)], capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout.startswith("OK")
+    (latest / "trainer.json").write_text((latest / "trainer.json").read_text().replace('"step": 12', '"step": 13'))
+    bad = subprocess.run([str(cli), "verify", str(latest)], capture_output=True, text=True)
+    assert bad.returncode == 1 and "trainer.json: SHA-256 differs" in bad.stdout
