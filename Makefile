@@ -47,6 +47,7 @@ clean-demo:
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.bench_convert
 	$(BIN)/python -m tests.benchmarks.bench_stats
+	$(BIN)/python -m tests.benchmarks.bench_train
 
 # Before committing GPUs: a few real steps, interrupted and resumed in a fresh process.
 smoke: $(STAMP)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from dataclasses import asdict, replace
@@ -59,11 +61,23 @@ class Logger:
             self.live.end()
 
 
+def relaunch(processes: int) -> None:
+    """Runs this stage again as `processes` processes (one a GPU, or CPU processes with gloo).
+
+    torch's launcher sets the environment accelerate reads; for several machines, start the
+    stage with `accelerate launch` and your accelerate config instead: nothing is relaunched then.
+    """
+    # --standalone: a rendezvous on this machine, on a port the launcher picks itself.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+               sys.argv[0], *sys.argv[1:]]
+    sys.exit(subprocess.call(command))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dataset", type=Path, required=True)
     parser.add_argument("--stats", type=Path, required=True)
-    parser.add_argument("--run", type=Path, required=True, help="run folder: checkpoints, history (persisted)")
+    parser.add_argument("--run-dir", type=Path, required=True, help="run folder: checkpoints, history, log (persisted)")
     parser.add_argument("--policy", type=Path, required=True, help="the exported policy")
     parser.add_argument("--metrics", type=Path, required=True)
     parser.add_argument("--live", type=Path, required=True, help="DVCLive folder (per-step metrics and plots)")
@@ -73,8 +87,9 @@ def main() -> None:
     window = load_config("policy", WindowConfig)
     config = load_config("train", TrainConfig)
     config = replace(config, model=replace(config.model, **asdict(window)))
-    if config.num_processes != 1:
-        fail("train.num_processes > 1 is not supported yet: set it to 1")
+    if config.num_processes > 1 and "WORLD_SIZE" not in os.environ:
+        relaunch(config.num_processes)  # does not return
+    rank = int(os.environ.get("RANK", "0"))
     stats = json.loads(args.stats.read_text())
     image_size = tuple(zarr.open_group(args.dataset, mode="r").attrs[layout.ATTRS_IMAGE_SIZE])
     if image_size != config.model.image_size:
@@ -82,19 +97,21 @@ def main() -> None:
              "set it to the dataset's (convert.image_size)")
 
     started = time.monotonic()
-    logger = Logger(config.steps, args.live, args.run / "log.jsonl")
+    logger = Logger(config.steps, args.live, args.run_dir / "log.jsonl")
     with StageRun("train", params={"train": asdict(config), "policy": asdict(window)}) as run:
         try:
             result = train(store=args.dataset, stats=stats, stats_sha256=sha256_file(args.stats), config=config,
-                           run_dir=args.run, log_step=logger)
+                           run_dir=args.run_dir, log_step=logger)
         except CheckpointError as exc:
             fail(str(exc))
         finally:
             logger.close()
+        if rank != 0:
+            return  # rank 0 alone writes the outputs
         fingerprint = stats["dataset_fingerprint"]["sha256"]
         save_policy(args.policy, result.policy, {"dataset_fingerprint": fingerprint, "stats_sha256": sha256_file(args.stats),
                                                  "steps": result.steps})
-        latest = args.run / "checkpoints" / "latest"
+        latest = args.run_dir / "checkpoints" / "latest"
         metrics = {
             "steps": result.steps,
             "resumed_from_step": result.resumed_from,
@@ -107,6 +124,7 @@ def main() -> None:
             "checkpoint_bytes": sum(p.stat().st_size for p in latest.iterdir()) if latest.exists() else None,
             "parameters": sum(p.numel() for p in result.policy.parameters()),
             "checkpoint_warnings": result.checkpoint_warnings,
+            "oom_adjustments": result.oom_adjustments,
         }
         write_json_atomic(args.metrics, metrics)
     run.inputs[args.dataset.as_posix() + "#fingerprint"] = fingerprint

@@ -165,3 +165,73 @@ def test_verify_command_checks_a_checkpoint_against_its_manifest(dataset, tmp_pa
     (latest / "trainer.json").write_text((latest / "trainer.json").read_text().replace('"step": 12', '"step": 13'))
     bad = subprocess.run([str(cli), "verify", str(latest)], capture_output=True, text=True)
     assert bad.returncode == 1 and "trainer.json: SHA-256 differs" in bad.stdout
+
+
+DISTRIBUTED_SCRIPT = """
+import json, os, sys
+from dataclasses import replace
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+import policypipe.training.loop as loop
+from tests.training.conftest import CONFIG
+
+real_save = loop.save_checkpoint
+def recording_save(folder, state):
+    with open(Path(sys.argv[4]).parent / "writers.txt", "a") as f:
+        f.write(os.environ["RANK"] + "\\n")
+    return real_save(folder, state)
+loop.save_checkpoint = recording_save
+stats = json.loads(Path(sys.argv[2]).read_text())
+result = loop.train(store=Path(sys.argv[1]), stats=stats, stats_sha256="s" * 64,
+                    config=replace(CONFIG, num_processes=2, steps=6, checkpoint_every=3), run_dir=Path(sys.argv[4]))
+print("rank", os.environ["RANK"], "steps", result.steps, "loss", result.last_train_loss, flush=True)
+"""
+
+
+def test_two_cpu_processes_train_together_and_only_rank_0_writes(dataset, tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "--no-python", sys.executable, "-c", DISTRIBUTED_SCRIPT,
+         str(dataset[0]), str(dataset[1]), str(repo), str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank"))
+    assert [line.split()[1] for line in lines] == ["0", "1"]
+    assert lines[0].split()[-1] == lines[1].split()[-1]  # the same (gathered) loss on both ranks
+    assert set((tmp_path / "writers.txt").read_text().split()) == {"0"}  # only rank 0 wrote checkpoints
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "latest").trainer["step"] == 6
+
+
+def test_out_of_memory_in_the_first_steps_halves_the_device_batch_and_keeps_the_step_batch(dataset, tmp_path: Path, monkeypatch) -> None:
+    from policypipe.policy.diffusion import DiffusionPolicy
+
+    real_forward = DiffusionPolicy.forward
+    seen: list[int] = []
+
+    def small_memory(self, batch, generator=None):
+        seen.append(len(batch["action"]))
+        if len(batch["action"]) > 2:  # pretend the device holds two samples at most
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+        return real_forward(self, batch, generator)
+
+    monkeypatch.setattr(DiffusionPolicy, "forward", small_memory)
+    result = run_training(dataset, tmp_path / "run", min_device_batch=2)
+
+    assert result.steps == CONFIG.steps
+    assert len(result.oom_adjustments) == 2  # 8 -> 4 -> 2 samples per device
+    assert "retrying with 2 and grad_accum 4" in result.oom_adjustments[-1]
+    assert set(seen[-8:]) == {2}
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "latest").trainer["grad_accum"] == 4
+
+
+def test_out_of_memory_below_the_floor_is_raised(dataset, tmp_path: Path, monkeypatch) -> None:
+    from policypipe.policy.diffusion import DiffusionPolicy
+
+    def no_memory(self, batch, generator=None):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+
+    monkeypatch.setattr(DiffusionPolicy, "forward", no_memory)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        run_training(dataset, tmp_path / "run", min_device_batch=4)

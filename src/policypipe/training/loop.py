@@ -10,6 +10,7 @@ schedule and EMA are restored, so a run killed and resumed ends with the same we
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import logging
 import math
@@ -17,7 +18,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,9 @@ class TrainConfig:
     num_processes: int = 1
     # Where checkpoints go when data/train cannot be written (disk full, quota); null: nowhere.
     fallback_dir: str | None = None
+    # Out of memory in the first steps: halve the per-device batch and double grad_accum (the
+    # batch per optimizer step is kept), down to this many samples per device.
+    min_device_batch: int = 2
     model: PolicyConfig = field(default_factory=PolicyConfig)
 
     def __post_init__(self) -> None:
@@ -85,7 +89,10 @@ class TrainConfig:
         """What decides the weights a run ends with (not where or how fast it runs), flat and
         in JSON form: {"lr": ..., "model.down_dims": [...], ...}."""
         values = asdict(self)
-        for key in ("num_workers", "fallback_dir", "val_every", "val_batches", "checkpoint_every", "keep_top_k"):
+        # grad_accum splits the same samples into smaller micro-batches (the out-of-memory
+        # fallback changes it); a resumed run keeps the accumulation its checkpoint was made with.
+        for key in ("num_workers", "fallback_dir", "val_every", "val_batches", "checkpoint_every", "keep_top_k",
+                    "grad_accum", "min_device_batch"):
             values.pop(key)
         model = values.pop("model")
         values |= {f"model.{k}": v for k, v in model.items()}
@@ -98,9 +105,9 @@ class TrainConfig:
 class EpochSampler:
     """Batches of indices: a fresh seeded permutation per epoch, every batch full.
 
-    Batch g of the run is a pure function of (seed, g), so a run resumes exactly from the
-    number of batches it had consumed (the DataLoader reads ahead of what the loop consumed,
-    so the sampler's own position would not do).
+    Global batch g (one optimizer step) is a pure function of (seed, g), so a run resumes
+    exactly from its step count (the DataLoader reads ahead of what the loop consumed, so the
+    sampler's own position would not do), whatever the accumulation splits it into.
     """
 
     def __init__(self, n: int, batch_size: int, seed: int, start_batch: int = 0) -> None:
@@ -187,6 +194,21 @@ class TrainResult:
     data_wait_fraction: float
     checkpoint_warnings: list[str]
     policy: DiffusionPolicy  # the EMA weights: what is evaluated and exported
+    oom_adjustments: list[str] = field(default_factory=list)
+
+
+# Out-of-memory errors this many steps into a (re)start are met by a smaller micro-batch.
+OOM_WINDOW_STEPS = 3
+
+
+class _EarlyOutOfMemory(Exception):
+    pass
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and ("out of memory" in str(exc) or "can't allocate memory" in str(exc))
+    )
 
 
 def train(
@@ -201,10 +223,50 @@ def train(
 ) -> TrainResult:
     """Trains to `config.steps`, resuming `run_dir` when it holds an unfinished run of this setup.
 
-    `stop_after` ends the run early at that step with `latest` saved, as an interruption would
-    (the smoke check uses it).
+    Out of memory in the first steps: the per-device batch is halved and the accumulation
+    doubled (the batch per optimizer step is kept) down to `min_device_batch`, and the
+    adjustment is recorded. `stop_after` ends the run early at that step with `latest` saved,
+    as an interruption would (the smoke check uses it).
     """
+    adjustments: list[str] = []
+    while True:
+        try:
+            result = _train_once(store=store, stats=stats, stats_sha256=stats_sha256, config=config,
+                                 run_dir=run_dir, log_step=log_step, stop_after=stop_after)
+            result.oom_adjustments = adjustments
+            return result
+        except _EarlyOutOfMemory as exc:
+            accum = config.grad_accum * 2
+            per_device = config.batch_size // (accum * config.num_processes)
+            if config.batch_size % (accum * config.num_processes) or per_device < config.min_device_batch:
+                raise exc.__cause__ from None
+            note = (f"out of memory at {config.batch_size // (config.grad_accum * config.num_processes)} samples per "
+                    f"device: retrying with {per_device} and grad_accum {accum}")
+            log.warning(note)
+            adjustments.append(note)
+            config = replace(config, grad_accum=accum)
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+
+def _train_once(
+    *,
+    store: Path,
+    stats: dict[str, Any],
+    stats_sha256: str,
+    config: TrainConfig,
+    run_dir: Path,
+    log_step: Callable[[dict[str, float]], None] | None = None,
+    stop_after: int | None = None,
+) -> TrainResult:
     from accelerate import Accelerator
+
+    state = _resumable_state(Path(run_dir) / "checkpoints" / LATEST,
+                             RunIdentity(config.run_determining(), stats["dataset_fingerprint"]["sha256"], stats_sha256),
+                             config.steps)
+    if state is not None:  # continue with (at least) the accumulation the run was made with
+        config = replace(config, grad_accum=max(config.grad_accum, state.trainer.get("grad_accum", 1)))
 
     accelerator = Accelerator(
         mixed_precision=config.mixed_precision,
@@ -212,6 +274,10 @@ def train(
         cpu=not torch.cuda.is_available(),
     )
     is_main = accelerator.is_main_process
+    if accelerator.num_processes != config.num_processes:
+        raise ValueError(
+            f"train.num_processes is {config.num_processes} but {accelerator.num_processes} processes are running"
+        )
     per_device_batch = config.batch_size // (config.grad_accum * accelerator.num_processes)
     window = WindowConfig(config.model.n_obs_steps, config.model.horizon, config.model.n_action_steps)
     identity = RunIdentity(config.run_determining(), stats["dataset_fingerprint"]["sha256"], stats_sha256)
@@ -235,7 +301,6 @@ def train(
     val_set = WindowDataset(store, stats["split"]["val"], window)
 
     start_step, resumed_from, history = 0, None, _History()
-    state = _resumable_state(checkpoints / LATEST, identity, config.steps)
     if state is not None:
         policy.load_state_dict(state.model)
         ema.load_state_dict(state.ema)
@@ -248,14 +313,13 @@ def train(
     elif is_main and run_dir.exists():
         shutil.rmtree(run_dir)  # a finished run of another config: it lives on in DVC's cache
     accelerator.wait_for_everyone()
-    batches_consumed = start_step * config.grad_accum
-    sampler = EpochSampler(len(train_set), per_device_batch * accelerator.num_processes, config.seed, batches_consumed)
+    sampler = EpochSampler(len(train_set), config.batch_size, config.seed, start_step)
 
     policy, optimizer = accelerator.prepare(policy, optimizer)
     ema.to(accelerator.device)
     loader = DataLoader(
         train_set,
-        batch_sampler=_RankSlice(sampler, accelerator.process_index, accelerator.num_processes),
+        batch_sampler=_MicroBatches(sampler, accelerator.process_index, accelerator.num_processes, config.grad_accum),
         num_workers=config.num_workers,
         persistent_workers=config.num_workers > 0,
     )
@@ -272,11 +336,15 @@ def train(
         for _ in range(config.grad_accum):
             t_wait = time.perf_counter()
             batch = _to(next(batches), accelerator.device)
-            batches_consumed += 1
             wait_s += time.perf_counter() - t_wait
             with accelerator.accumulate(policy):
-                loss = policy(batch, generator)  # through the wrapper: DDP syncs gradients
-                accelerator.backward(loss)
+                try:
+                    loss = policy(batch, generator)  # through the wrapper: DDP syncs gradients
+                    accelerator.backward(loss)
+                except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+                    if _is_out_of_memory(exc) and step < start_step + OOM_WINDOW_STEPS:
+                        raise _EarlyOutOfMemory() from exc
+                    raise
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(policy.parameters(), config.grad_clip)
                 optimizer.step()
@@ -297,7 +365,7 @@ def train(
             log_step(record)
         stopping = done == stop_after
         if is_main and (done % config.checkpoint_every == 0 or done == config.steps or stopping):
-            trainer = _trainer_state(identity, done, batches_consumed, schedule, history, config.steps)
+            trainer = _trainer_state(identity, done, schedule, history, config.steps) | {"grad_accum": config.grad_accum}
             plain_rng, rng_tensors = capture_rng(generator)
             snapshot = TrainingState(
                 model=accelerator.unwrap_model(policy).state_dict(), ema=ema.state_dict(),
@@ -319,16 +387,24 @@ def train(
     )
 
 
-class _RankSlice:
-    """This process's share of each global batch (every rank sees the same sampler sequence)."""
+class _MicroBatches:
+    """This process's micro-batches: its share of each global batch, split for accumulation.
 
-    def __init__(self, sampler: EpochSampler, rank: int, world: int) -> None:
-        self.sampler, self.rank, self.world = sampler, rank, world
+    Every rank walks the same sampler sequence. Consecutive micro-batches of a step are
+    consecutive slices of one global batch, so halving the micro-batch and doubling the
+    accumulation feeds each optimizer step exactly the same samples.
+    """
+
+    def __init__(self, sampler: EpochSampler, rank: int, world: int, accum: int) -> None:
+        self.sampler, self.rank, self.world, self.accum = sampler, rank, world, accum
 
     def __iter__(self):
         for batch in self.sampler:
             share = len(batch) // self.world
-            yield batch[self.rank * share : (self.rank + 1) * share]
+            mine = batch[self.rank * share : (self.rank + 1) * share]
+            micro = share // self.accum
+            for k in range(self.accum):
+                yield mine[k * micro : (k + 1) * micro]
 
 
 def _fixed_val_batches(val_set: WindowDataset, batch_size: int, count: int) -> list[dict[str, torch.Tensor]]:
@@ -355,11 +431,10 @@ class _History:
         return cls([tuple(v) for v in data["val"]], [tuple(t) for t in data["top_k"]])
 
 
-def _trainer_state(identity, step, batches_consumed, schedule, history, total) -> dict[str, Any]:
+def _trainer_state(identity, step, schedule, history, total) -> dict[str, Any]:
     return {
         "step": step,
         "complete": step >= total,
-        "batches_consumed": batches_consumed,
         "lr_schedule": schedule.state_dict(),
         "config": identity.config,
         "dataset_fingerprint": identity.dataset_fingerprint,
