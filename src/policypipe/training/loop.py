@@ -358,13 +358,15 @@ def _train_once(
 
         record = {"step": done, "train_loss": loss_value, "lr": schedule.get_last_lr()[0],
                   "samples_per_s": samples / max(busy_s, 1e-9), "data_wait_fraction": wait_s / max(busy_s, 1e-9)}
-        if done % config.val_every == 0 or done == config.steps or done == 1:
+        stopping = done == stop_after
+        checkpointing = done % config.checkpoint_every == 0 or done == config.steps or stopping
+        # Every checkpoint gets a validation loss: the top-k are chosen by it.
+        if done % config.val_every == 0 or checkpointing or done == 1:
             record["val_loss"] = validation_loss(ema, val_batches, accelerator.device, config.seed)
             history.val.append((done, record["val_loss"]))
         if is_main and log_step is not None:
             log_step(record)
-        stopping = done == stop_after
-        if is_main and (done % config.checkpoint_every == 0 or done == config.steps or stopping):
+        if is_main and checkpointing:
             trainer = _trainer_state(identity, done, schedule, history, config.steps) | {"grad_accum": config.grad_accum}
             plain_rng, rng_tensors = capture_rng(generator)
             snapshot = TrainingState(
