@@ -55,6 +55,7 @@ def shorten_training(repo: Path) -> None:
 
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["train"] |= {"steps": 6, "batch_size": 8, "val_every": 3, "val_batches": 1, "checkpoint_every": 3, "num_workers": 0}
+    params["eval"] |= {"stride": 16, "spread_observations": 2, "spread_samples": 3}
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(repo, "git", "commit", "-qam", "short training")
 
@@ -107,7 +108,7 @@ def test_dataset_report_stats_and_verify_after_repro(demo_repo: Path) -> None:
     }
     out = run(demo_repo, "policypipe", "verify", "data/dataset.zarr")
     assert out.startswith("OK data/dataset.zarr")
-    for stage in ("pair", "convert", "stats", "train"):
+    for stage in ("pair", "convert", "stats", "train", "eval"):
         assert json.loads((demo_repo / f"metrics/provenance/{stage}.json").read_text())["stage"] == stage
 
 
@@ -116,6 +117,7 @@ def test_second_repro_changes_nothing(demo_repo: Path) -> None:
         "data/manifest.json", "metrics/pair.json", "metrics/pair_report.json", "metrics/provenance/pair.json", "dvc.lock",
         "metrics/convert.json", "metrics/dataset.json", "data/stats/stats.json", "metrics/provenance/stats.json",
         "metrics/train.json", "data/policy/model.safetensors", "metrics/provenance/train.json",
+        "metrics/eval.json", "metrics/eval_per_step.json", "metrics/provenance/eval.json",
     ]
     before = {p: (demo_repo / p).read_bytes() for p in watched}
     out = run(demo_repo, "dvc", "repro")
@@ -134,10 +136,22 @@ def test_train_stage_exports_a_policy_with_checkpoints_and_metrics(demo_repo: Pa
     assert (demo_repo / "data/train/log.jsonl").read_text().count("\n") == 6
 
 
+def test_eval_stage_reports_errors_baselines_and_plots(demo_repo: Path) -> None:
+    report = json.loads((demo_repo / "metrics/eval.json").read_text())
+    assert report["samples"] > 0 and report["skipped_episodes"] == 0
+    assert set(report["ratio_to_hold_still"]) == {"position_mm", "rotation_deg", "width_mm"}
+    per_step = json.loads((demo_repo / "metrics/eval_per_step.json").read_text())
+    assert [row["step"] for row in per_step] == list(range(1, 17))
+    assert {p.name for p in (demo_repo / "metrics/plots/eval").iterdir()} == {"predicted_vs_recorded.png", "error_vs_horizon.png"}
+    shown = run(demo_repo, "dvc", "metrics", "show")
+    assert "metrics/eval.json" in shown
+
+
 def test_manifest_is_identical_in_another_checkout_location(demo_repo: Path, tmp_path: Path) -> None:
     other = checkout_copy(tmp_path / "somewhere" / "else")
     shorten_training(other)
     shutil.copytree(demo_repo / "data/raw", other / "data/raw")
     run(other, "dvc", "repro")
-    for output in ("data/manifest.json", "data/stats/stats.json", "metrics/dataset.json", "data/policy/model.safetensors"):
+    for output in ("data/manifest.json", "data/stats/stats.json", "metrics/dataset.json", "data/policy/model.safetensors",
+                   "metrics/eval.json"):
         assert (other / output).read_bytes() == (demo_repo / output).read_bytes(), output

@@ -140,6 +140,28 @@ def _smoke(args: argparse.Namespace) -> int:
     return 1
 
 
+def _compare(args: argparse.Namespace) -> int:
+    import json
+
+    from policypipe.config import ConfigError, from_mapping, read_section
+    from policypipe.evaluation.evaluate import EvalConfig, compare_policies, verdict
+    from policypipe.policy.export import load_policy
+
+    try:
+        config = from_mapping(EvalConfig, read_section(args.params, "eval"), "eval") if args.params.is_file() else EvalConfig()
+        a, b = load_policy(args.a), load_policy(args.b)
+        stats = json.loads(args.stats.read_text())
+        result = compare_policies(a, b, args.dataset, stats, config)
+    except (ConfigError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"A = {args.a}\nB = {args.b}\n{result['samples']} paired samples of the validation episodes (executed steps)")
+    for component in ("position_mm", "rotation_deg", "width_mm"):
+        c = result[component]
+        print(f"  {component:13s} A {c['a']:8.2f}  B {c['b']:8.2f}   {verdict(component, c)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="policypipe",
@@ -185,6 +207,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.add_argument("--steps", type=int, default=6)
     p.set_defaults(func=_smoke)
+
+    p = sub.add_parser("compare", help="compare two exported policies on the same held-out samples",
+                       description="Evaluate two exported policies on the same validation samples and report the paired "
+                       "difference B - A of each error with a bootstrap 95% confidence interval.")
+    p.add_argument("a", type=Path, metavar="POLICY_A")
+    p.add_argument("b", type=Path, metavar="POLICY_B")
+    p.add_argument("--dataset", type=Path, default=Path("data/dataset.zarr"))
+    p.add_argument("--stats", type=Path, default=Path("data/stats/stats.json"))
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.set_defaults(func=_compare)
     return parser
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from policypipe.policy.config import PolicyConfig
 from policypipe.policy.encoder import ImageEncoder
-from policypipe.policy.normalizer import ImageNormalizer, RangeNormalizer
+from policypipe.policy.normalizer import ImageNormalizer, StandardNormalizer
 from policypipe.policy.unet import ConditionalUnet1D
 
 ACTION_DIM = 10
@@ -34,17 +34,18 @@ class DiffusionPolicy(nn.Module):
         super().__init__()
         self.config = config
         self.image_normalizer = ImageNormalizer()
-        self.pose_normalizer = RangeNormalizer(POSE_DIM)
-        self.width_normalizer = RangeNormalizer(1)
-        self.action_normalizer = RangeNormalizer(ACTION_DIM)
+        self.pose_normalizer = StandardNormalizer(POSE_DIM)
+        self.width_normalizer = StandardNormalizer(1)
+        self.action_normalizer = StandardNormalizer(ACTION_DIM)
         self.encoder = ImageEncoder(config.encoder_widths, config.image_feature_dim)
         cond_dim = config.n_obs_steps * (config.image_feature_dim + POSE_DIM + 1)
         self.denoiser = ConditionalUnet1D(
             ACTION_DIM, cond_dim, config.down_dims, config.diffusion_step_embed_dim, config.kernel_size, config.n_groups
         )
+        # No clipping of the predicted clean sample: standardised actions are not bounded by 1.
         schedule = dict(
             num_train_timesteps=config.num_train_timesteps, beta_schedule=config.beta_schedule,
-            clip_sample=True, prediction_type="epsilon",
+            clip_sample=False, prediction_type="epsilon",
         )
         self.train_scheduler = DDPMScheduler(**schedule)
         self.inference_scheduler = DDIMScheduler(**schedule, set_alpha_to_one=True)

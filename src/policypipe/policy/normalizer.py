@@ -1,8 +1,12 @@
 """The normalizer, part of the policy's state: saved and loaded with its weights.
 
-Low-dimensional arrays are mapped to [-1, 1] from their min and max over the training
-episodes (the `stats` stage); a dimension with (almost) no range is only centred. Images are
-scaled to [0, 1], then standardised per channel.
+Low-dimensional arrays are standardised per dimension with the mean and standard deviation of
+the training episodes (the `stats` stage); a dimension that (almost) does not vary is only
+centred. Not min/max to [-1, 1]: relative actions are heavy-tailed (far horizon steps move much
+more than near ones), and a [-1, 1] range set by the extremes squeezes most of the data near
+zero, where the denoiser's residual error is as large as the signal (measured on the demo:
+per-dimension std 0.03-0.2 after min/max scaling, and a policy error twice hold-still's).
+Images are scaled to [0, 1], then standardised per channel.
 """
 
 from __future__ import annotations
@@ -12,10 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-MIN_RANGE = 1e-4
+MIN_STD = 1e-5
 
 
-class RangeNormalizer(nn.Module):
+class StandardNormalizer(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.register_buffer("scale", torch.ones(dim))
@@ -23,12 +27,11 @@ class RangeNormalizer(nn.Module):
 
     @torch.no_grad()
     def fit(self, stats: dict[str, Any]) -> None:
-        lo = torch.tensor(stats["min"], dtype=torch.float32)
-        hi = torch.tensor(stats["max"], dtype=torch.float32)
-        span = hi - lo
-        scale = torch.where(span > MIN_RANGE, 2.0 / span.clamp_min(MIN_RANGE), torch.ones_like(span))
-        self.scale.copy_(scale)
-        self.offset.copy_(-(lo + hi) / 2 * scale)
+        mean = torch.tensor(stats["mean"], dtype=torch.float64)
+        std = torch.tensor(stats["std"], dtype=torch.float64)
+        scale = torch.where(std > MIN_STD, 1.0 / std.clamp_min(MIN_STD), torch.ones_like(std))
+        self.scale.copy_(scale.float())
+        self.offset.copy_((-mean * scale).float())
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.scale + self.offset

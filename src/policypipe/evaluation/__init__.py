@@ -1,0 +1,1 @@
+"""Offline evaluation: predicted action chunks against recorded futures on held-out episodes."""

@@ -1,0 +1,75 @@
+"""Pictures a person checks a policy with: predicted against recorded paths and widths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import zarr  # noqa: E402
+from scipy.spatial.transform import Rotation  # noqa: E402
+
+from policypipe.dataset import layout  # noqa: E402
+from policypipe.dataset.windows import episode_bounds  # noqa: E402
+from policypipe.evaluation.evaluate import Samples  # noqa: E402
+
+_PNG_METADATA = {"Software": None}
+
+
+def write_eval_plots(store: Path, samples: Samples, chunks: dict[str, np.ndarray], per_step: list[dict],
+                     out_dir: Path, n_action_steps: int, episodes: int) -> list[Path]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    root = zarr.open_group(store, mode="r")
+    pos = root[layout.EEF_POS][:].astype(np.float64)
+    rot = Rotation.from_rotvec(root[layout.EEF_ROT][:].astype(np.float64)).as_matrix()
+    width = root[layout.GRIPPER_WIDTH][:, 0]
+    stamps = root[layout.TIMESTAMP][:]
+    first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
+    shown = list(dict.fromkeys(samples.episodes.tolist()))[:episodes]
+    written = []
+
+    fig, axes = plt.subplots(2, len(shown), figsize=(4.2 * len(shown), 7.5), squeeze=False)
+    for col, e in enumerate(shown):
+        top, bottom = axes[0, col], axes[1, col]
+        span = slice(first[e], last[e] + 1)
+        top.plot(pos[span, 0], pos[span, 1], color="0.6", lw=2, label="recorded")
+        bottom.plot(stamps[span], 1000 * width[span], color="0.6", lw=2, label="recorded")
+        for i in np.flatnonzero(samples.episodes == e):
+            a = samples.anchors[i]
+            for name, color in (("policy", "tab:blue"), ("camera_ablation", "tab:red")):
+                chunk = chunks[name][i]
+                world = pos[a] + chunk[:, :3] @ rot[a].T  # relative positions back to the world frame
+                top.plot(world[:n_action_steps, 0], world[:n_action_steps, 1], color=color, lw=1, alpha=0.8)
+                t = stamps[a] + np.arange(len(chunk)) * np.median(np.diff(stamps[span]))
+                bottom.plot(t[:n_action_steps], 1000 * chunk[:n_action_steps, 9], color=color, lw=1, alpha=0.8)
+        top.set(title=f"episode {e}: top-down (m)", xlabel="x", ylabel="y")
+        top.set_aspect("equal", adjustable="datalim")
+        bottom.set(xlabel="time in episode (s)", ylabel="gripper width (mm)")
+    axes[0, 0].plot([], [], color="tab:blue", label="policy (executed steps)")
+    axes[0, 0].plot([], [], color="tab:red", label="policy without camera")
+    axes[0, 0].legend(fontsize=7, loc="best")
+    fig.suptitle("predicted action chunks against the recorded future, validation episodes")
+    written.append(_save(fig, out_dir / "predicted_vs_recorded.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    steps = [row["step"] for row in per_step]
+    for name in ("policy", "camera_ablation", "mean_motion", "hold_still"):
+        ax.plot(steps, [row[name] for row in per_step], marker="o", ms=3, label=name.replace("_", " "))
+    ax.axvline(n_action_steps + 0.5, color="0.7", ls="--", lw=1)
+    ax.set(xlabel="horizon step", ylabel="position error (mm)", title="error along the horizon (dashed: executed)")
+    ax.legend(fontsize=8)
+    written.append(_save(fig, out_dir / "error_vs_horizon.png"))
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, dpi=100, metadata=_PNG_METADATA, format="png")
+    plt.close(fig)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,64 @@
+"""Stage `eval`: the exported policy on the held-out episodes, against baselines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from common import fail, load_config, setup_logging
+
+from policypipe.atomic import write_json_atomic
+from policypipe.evaluation.evaluate import EvalConfig, evaluate
+from policypipe.evaluation.plots import write_eval_plots
+from policypipe.lineage.hashing import sha256_file, sha256_path
+from policypipe.lineage.provenance import StageRun
+from policypipe.policy.export import load_policy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--policy", type=Path, required=True)
+    parser.add_argument("--dataset", type=Path, required=True)
+    parser.add_argument("--stats", type=Path, required=True)
+    parser.add_argument("--metrics", type=Path, required=True)
+    parser.add_argument("--per-step", type=Path, required=True, help="plot data: position error per horizon step")
+    parser.add_argument("--plots", type=Path, required=True)
+    parser.add_argument("--provenance", type=Path, required=True)
+    args = parser.parse_args()
+    setup_logging()
+    config = load_config("eval", EvalConfig)
+
+    started = time.monotonic()
+    with StageRun("eval", params={"eval": asdict(config)}) as run:
+        try:
+            policy = load_policy(args.policy)
+        except (OSError, ValueError) as exc:
+            fail(f"{exc}; rebuild it with `dvc repro train` (or `dvc pull`)")
+        stats = json.loads(args.stats.read_text())
+        print(f"eval: {len(stats['split']['val'])} validation episodes, every {config.stride}th frame ...", flush=True)
+        try:
+            result = evaluate(policy, args.dataset, stats, config)
+        except ValueError as exc:
+            fail(str(exc))
+        write_json_atomic(args.metrics, result["report"])
+        write_json_atomic(args.per_step, result["per_step_position_mm"])
+        write_eval_plots(args.dataset, result["samples"], result["chunks"], result["per_step_position_mm"], args.plots,
+                         policy.config.n_action_steps, config.plot_episodes)
+    run.inputs[args.policy.as_posix()] = sha256_path(args.policy)
+    run.inputs[args.stats.as_posix()] = sha256_file(args.stats)
+    run.add_outputs([args.metrics, args.per_step, args.plots])
+    run.write(args.provenance)
+
+    r = result["report"]
+    p, h = r["policy"]["position_mm"]["executed"]["mean"], r["hold_still"]["position_mm"]["executed"]["mean"]
+    a = r["camera_ablation"]["position_mm"]["executed"]["mean"]
+    print(f"{r['samples']} samples: position error over the executed steps {p:.1f} mm "
+          f"({r['ratio_to_hold_still']['position_mm']:.2f} of hold-still's {h:.1f} mm); without the camera {a:.1f} mm; "
+          f"spread {r['spread_mm']:.1f} mm; {r['skipped_episodes']} episodes skipped; {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
