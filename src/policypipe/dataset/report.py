@@ -5,18 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+import zarr
 
-matplotlib.use("Agg")  # files only, no display; set before pyplot is imported
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import zarr  # noqa: E402
-
-from policypipe.dataset import layout  # noqa: E402
-from policypipe.dataset.windows import episode_bounds  # noqa: E402
-
-# PNG bytes must not depend on the matplotlib version that wrote them.
-_PNG_METADATA = {"Software": None}
+from policypipe.dataset import layout
+from policypipe.dataset.windows import episode_bounds
+from policypipe.plotting import plt, save_png
 
 
 def dataset_report(root: zarr.Group, fingerprint: str, split: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +54,7 @@ def write_plots(root: zarr.Group, out_dir: Path, val_episodes: list[int]) -> lis
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.hist((last - first + 1) / frequency, bins=min(30, max(5, len(ends))), color="tab:blue", edgecolor="white")
     ax.set(xlabel="episode length (s)", ylabel="episodes", title=f"{len(ends)} episodes at {frequency:.1f} Hz")
-    written.append(_save(fig, out_dir / "episode_lengths.png"))
+    written.append(save_png(fig, out_dir / "episode_lengths.png", dpi=110))
 
     fig, ax = plt.subplots(figsize=(6, 6))
     for e in range(len(ends)):
@@ -70,14 +64,14 @@ def write_plots(root: zarr.Group, out_dir: Path, val_episodes: list[int]) -> lis
         ax.plot(p[-1, 0], p[-1, 1], "x", color=colors[e], ms=4)
     ax.set(xlabel="x (m)", ylabel="y (m)", title="gripper paths, top-down (o start, x end, dashed: validation)")
     ax.set_aspect("equal", adjustable="datalim")
-    written.append(_save(fig, out_dir / "paths_topdown.png"))
+    written.append(save_png(fig, out_dir / "paths_topdown.png", dpi=110))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for e in range(len(ends)):
         sl = slice(first[e], last[e] + 1)
         ax.plot(stamps[sl], 1000 * width[sl], color=colors[e], lw=1)
     ax.set(xlabel="time in episode (s)", ylabel="gripper width (mm)", title="gripper width over time")
-    written.append(_save(fig, out_dir / "gripper_width.png"))
+    written.append(save_png(fig, out_dir / "gripper_width.png", dpi=110))
 
     middle = (first + last) // 2
     frames = root[layout.RGB].get_orthogonal_selection((middle,))
@@ -90,14 +84,6 @@ def write_plots(root: zarr.Group, out_dir: Path, val_episodes: list[int]) -> lis
             ax.imshow(frames[i])
             ax.set_title(stems[i], fontsize=6)
     fig.suptitle("middle frame of every episode", fontsize=9)
-    written.append(_save(fig, out_dir / "contact_sheet.png"))
+    written.append(save_png(fig, out_dir / "contact_sheet.png", dpi=110))
     return written
 
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=110, metadata=_PNG_METADATA, format="png")
-    plt.close(fig)
-    tmp.replace(path)
-    return path

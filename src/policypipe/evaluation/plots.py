@@ -4,19 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import zarr
+from scipy.spatial.transform import Rotation
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import zarr  # noqa: E402
-from scipy.spatial.transform import Rotation  # noqa: E402
+from policypipe.dataset import layout
+from policypipe.dataset.windows import episode_bounds
+from policypipe.evaluation.evaluate import Samples
+from policypipe.plotting import plt, save_png
 
-from policypipe.dataset import layout  # noqa: E402
-from policypipe.dataset.windows import episode_bounds  # noqa: E402
-from policypipe.evaluation.evaluate import Samples  # noqa: E402
-
-_PNG_METADATA = {"Software": None}
 
 
 def write_eval_plots(store: Path, samples: Samples, chunks: dict[str, np.ndarray], per_step: list[dict],
@@ -53,7 +49,7 @@ def write_eval_plots(store: Path, samples: Samples, chunks: dict[str, np.ndarray
     axes[0, 0].plot([], [], color="tab:red", label="policy without camera")
     axes[0, 0].legend(fontsize=7, loc="best")
     fig.suptitle("predicted action chunks against the recorded future, validation episodes")
-    written.append(_save(fig, out_dir / "predicted_vs_recorded.png"))
+    written.append(save_png(fig, out_dir / "predicted_vs_recorded.png", dpi=100))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     steps = [row["step"] for row in per_step]
@@ -62,14 +58,6 @@ def write_eval_plots(store: Path, samples: Samples, chunks: dict[str, np.ndarray
     ax.axvline(n_action_steps + 0.5, color="0.7", ls="--", lw=1)
     ax.set(xlabel="horizon step", ylabel="position error (mm)", title="error along the horizon (dashed: executed)")
     ax.legend(fontsize=8)
-    written.append(_save(fig, out_dir / "error_vs_horizon.png"))
+    written.append(save_png(fig, out_dir / "error_vs_horizon.png", dpi=100))
     return written
 
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=100, metadata=_PNG_METADATA, format="png")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
