@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import zarr
 
-from policypipe.atomic import canonical_json, write_json_atomic
+from policypipe.atomic import canonical_json
 from policypipe.dataset import layout
 from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.dataset.windows import WindowConfig, episode_bounds

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import zarr
 from torch.utils.data import DataLoader
 
 from policypipe.dataset import layout

@@ -20,13 +20,12 @@ import torch.nn.functional as F
 from diffusers import DDIMScheduler, DDPMScheduler
 from torch import nn
 
+from policypipe.dataset.windows import ACTION_DIM, POSE_DIM
 from policypipe.policy.config import PolicyConfig
 from policypipe.policy.encoder import ImageEncoder
 from policypipe.policy.normalizer import ImageNormalizer, StandardNormalizer
 from policypipe.policy.unet import ConditionalUnet1D
 
-ACTION_DIM = 10
-POSE_DIM = 9
 
 
 class DiffusionPolicy(nn.Module):
