@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from safetensors.torch import load, save
@@ -86,3 +88,41 @@ def test_a_few_training_steps_match_the_golden_run_and_reduce_the_loss() -> None
     assert first == second  # bitwise: same seeds, same CPU, same steps
     assert first[: len(GOLDEN_FIRST_LOSSES)] == pytest.approx(GOLDEN_FIRST_LOSSES, rel=1e-4)
     assert first[-1] < 0.5 * first[0]  # it learns
+
+
+class Oracle(torch.nn.Module):
+    """A denoiser that knows the clean chunk: it answers exactly what each prediction type asks."""
+
+    def __init__(self, policy: DiffusionPolicy, clean: torch.Tensor) -> None:
+        super().__init__()
+        self.scheduler, self.kind, self.clean = policy.train_scheduler, policy.config.prediction_type, clean
+
+    def forward(self, noisy: torch.Tensor, steps: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        scheduler, kind = self.scheduler, self.kind
+        alpha_bar = scheduler.alphas_cumprod[steps].view(-1, 1, 1)
+        noise = (noisy - alpha_bar.sqrt() * self.clean) / (1 - alpha_bar).sqrt()  # what this sample's noise must be
+        if kind == "epsilon":
+            return noise
+        if kind == "sample":
+            return self.clean
+        return scheduler.get_velocity(self.clean, noise, steps)
+
+
+@pytest.mark.parametrize("kind", ["epsilon", "sample", "v_prediction"])
+def test_each_prediction_type_trains_on_its_own_target_and_samples_the_chunk_it_predicts(kind: str) -> None:
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(replace(TINY, prediction_type=kind))
+    policy.fit_normalizers(fake_stats())
+    data = batch()
+    clean = policy.action_normalizer.normalize(data["action"])
+    policy.denoiser = Oracle(policy, clean)
+    policy.train()
+    assert policy.compute_loss(data, torch.Generator().manual_seed(1)).item() < 1e-8
+    policy.eval()
+    predicted = policy.predict_action(data, torch.Generator().manual_seed(2))
+    assert torch.allclose(predicted, data["action"], atol=2e-4)
+
+
+def test_an_unknown_prediction_type_is_refused_with_the_choices() -> None:
+    with pytest.raises(ValueError, match="prediction_type must be one of"):
+        PolicyConfig(prediction_type="noise")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+PREDICTION_TYPES = ("epsilon", "sample", "v_prediction")
+
 
 @dataclass(frozen=True)
 class PolicyConfig:
@@ -25,6 +27,10 @@ class PolicyConfig:
     num_train_timesteps: int = 100
     num_inference_steps: int = 16
     beta_schedule: str = "squaredcos_cap_v2"
+    # What the denoiser regresses: the noise ("epsilon", as in the Diffusion Policy paper), the
+    # clean chunk ("sample") or the velocity ("v_prediction", which is well conditioned at every
+    # noise level; README, "Prediction type").
+    prediction_type: str = "epsilon"
 
     def __post_init__(self) -> None:
         if not 1 <= self.n_action_steps <= self.horizon:
@@ -35,5 +41,7 @@ class PolicyConfig:
             raise ValueError(f"crop_size {self.crop_size} is larger than image_size {self.image_size}")
         if any(w % 16 for w in self.encoder_widths):
             raise ValueError("encoder_widths must be multiples of 16 (GroupNorm uses 16 channels a group)")
+        if self.prediction_type not in PREDICTION_TYPES:
+            raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {self.prediction_type!r}")
         if not 1 <= self.num_inference_steps <= self.num_train_timesteps:
             raise ValueError("num_inference_steps must be in 1..num_train_timesteps")

@@ -1,7 +1,7 @@
 """Diffusion Policy: observations -> a chunk of future actions, by denoising.
 
 Training (DDPM): noise a normalised action chunk at a random diffusion step and regress the
-noise (epsilon prediction). Inference (DDIM): start from Gaussian noise and denoise in
+noise (epsilon prediction), the clean chunk or the velocity, as configured. Inference (DDIM): start from Gaussian noise and denoise in
 `num_inference_steps` steps. The schedules come from diffusers.
 
 Batch layout, with B batch, O = n_obs_steps, T = horizon:
@@ -44,7 +44,7 @@ class DiffusionPolicy(nn.Module):
         # No clipping of the predicted clean sample: standardised actions are not bounded by 1.
         schedule = dict(
             num_train_timesteps=config.num_train_timesteps, beta_schedule=config.beta_schedule,
-            clip_sample=False, prediction_type="epsilon",
+            clip_sample=False, prediction_type=config.prediction_type,
         )
         self.train_scheduler = DDPMScheduler(**schedule)
         self.inference_scheduler = DDIMScheduler(**schedule, set_alpha_to_one=True)
@@ -85,7 +85,15 @@ class DiffusionPolicy(nn.Module):
         noise = torch.randn(actions.shape, generator=generator, device="cpu").to(device)
         steps = torch.randint(0, self.config.num_train_timesteps, (len(actions),), generator=generator, device="cpu").to(device)
         noisy = self.train_scheduler.add_noise(actions, noise, steps)
-        return F.mse_loss(self.denoiser(noisy, steps, cond), noise)
+        return F.mse_loss(self.denoiser(noisy, steps, cond), self._target(actions, noise, steps))
+
+    def _target(self, actions: torch.Tensor, noise: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        kind = self.config.prediction_type
+        if kind == "epsilon":
+            return noise
+        if kind == "sample":
+            return actions
+        return self.train_scheduler.get_velocity(actions, noise, steps)
 
     def forward(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
         """The training loss: calling the module (not a method) lets DDP and autocast wrap it."""
