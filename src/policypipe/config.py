@@ -22,13 +22,18 @@ class ConfigError(ValueError):
 
 
 def read_section(params_file: Path, section: str) -> dict[str, Any]:
-    """One section of params.yaml as a dict; a missing file or section says what to do."""
-    import yaml
+    """One section of params.yaml as a dict; a missing file or section says what to do.
+
+    Parsed as YAML 1.2, as DVC parses it: what `dvc params diff` shows is what the stage gets.
+    (A YAML 1.1 parser reads the `no` that `dvc exp run -S` writes unquoted as false, and
+    `3e-4` as a string.)
+    """
+    from ruamel.yaml import YAML
 
     params_file = Path(params_file)
     if not params_file.is_file():
         raise ConfigError(f"{params_file} not found in {Path.cwd()}: run from the repository root (dvc repro does)")
-    params = yaml.safe_load(params_file.read_text()) or {}
+    params = YAML(typ="safe", pure=True).load(params_file.read_text()) or {}
     if section not in params:
         raise ConfigError(f"{params_file} has no [{section}] section; add it (see README, 'Parameters')")
     return params[section] or {}
