@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from policypipe.atomic import write_json_atomic
 from policypipe.dataset.convert import DatasetError, convert_dataset
+from policypipe.dataset.fingerprint import fingerprint
 from policypipe.lineage.provenance import StageRun
 from policypipe.recordings.episode import ConvertConfig
 
@@ -52,14 +53,18 @@ def main() -> None:
                 fail(str(exc))
         write_json_atomic(args.metrics, result.metrics())
         write_json_atomic(args.report, result.report())
+        # The logical hash every later stage names the dataset by (`policypipe lineage` links on it).
+        digest = fingerprint(args.out).digest
     run.add_inputs([args.manifest])
     run.add_outputs([args.out, args.metrics, args.report])
+    run.outputs[args.out.as_posix() + "#fingerprint"] = digest
     run.write(args.provenance)
 
     m = result.metrics()
     print(
         f"converted {m['episodes']} episodes, {m['frames']} frames at {m['frequency_hz']:.2f} Hz "
-        f"({m['bytes_per_frame']:.0f} bytes/frame, {m['store_files']} files) in {time.monotonic() - started:.1f} s"
+        f"({m['bytes_per_frame']:.0f} bytes/frame, {m['store_files']} files) in {time.monotonic() - started:.1f} s; "
+        f"fingerprint {digest[:16]}"
     )
     for ex in result.excluded:
         print(f"  excluded {ex['stem']}: {ex['excluded']}: {ex['detail']}")

@@ -48,6 +48,8 @@ def main() -> None:
         write_eval_plots(args.dataset, result["samples"], result["chunks"], result["per_step_position_mm"], args.plots,
                          policy.config.n_action_steps, config.plot_episodes)
     run.inputs[args.policy.as_posix()] = sha256_path(args.policy)
+    # As recorded by stats (and checked there): eval reads the dataset that stats describes.
+    run.inputs[args.dataset.as_posix() + "#fingerprint"] = stats["dataset_fingerprint"]["sha256"]
     run.inputs[args.stats.as_posix()] = sha256_file(args.stats)
     run.add_outputs([args.metrics, args.per_step, args.plots])
     run.write(args.provenance)

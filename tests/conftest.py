@@ -59,3 +59,21 @@ def export(tmp_path: Path) -> Path:
     root = tmp_path / "export"
     root.mkdir()
     return root
+
+
+@pytest.fixture(scope="session")
+def pipeline_repo(tmp_path_factory) -> Path:
+    """A copy of this checkout after a real `dvc repro` on 3 sample recordings (short training),
+    its results committed as a user would. Shared by the end-to-end tests: treat as read-only,
+    except for remotes, which each test names for itself."""
+    from tests.workspace import checkout_copy, run, shorten_training
+
+    repo = checkout_copy(tmp_path_factory.mktemp("checkout"))
+    shorten_training(repo)
+    run(repo, "policypipe", "sample", "data/raw", "--recordings", "3", "--seed", "7")
+    run(repo, "dvc", "add", "--quiet", "data/raw")
+    (repo.parent / "code_commit").write_text(run(repo, "git", "rev-parse", "HEAD").strip())  # what the runs recorded
+    run(repo, "dvc", "repro")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "results of dvc repro")
+    return repo

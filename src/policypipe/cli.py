@@ -162,6 +162,53 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lineage(args: argparse.Namespace) -> int:
+    import json
+
+    from policypipe.lineage.trace import LineageError, format_trace, trace
+
+    try:
+        result = trace(args.path, Path.cwd())
+    except LineageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else format_trace(result))
+    return 1 if any("missing" in link for link in result["chain"]) else 0
+
+
+def _remote_add(args: argparse.Namespace) -> int:
+    from policypipe.remote import RemoteError, add_ssh_remote
+
+    try:
+        target = add_ssh_remote(Path.cwd(), args.name, args.url, args.keyfile, default=not args.no_default)
+    except RemoteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"remote {args.name!r} = {args.url} ({'default, ' if not args.no_default else ''}downloads verified) in .dvc/config; "
+          f"key file in .dvc/config.local (not in git).\nNext: `policypipe remote check {args.name}`, then `dvc push`.")
+    if target.user is None:
+        print("note: the URL names no user: ssh uses your local user name (or ~/.ssh/config).")
+    return 0
+
+
+def _remote_check(args: argparse.Namespace) -> int:
+    from policypipe.remote import RemoteError, check_host_key, parse_ssh_url, remote_settings
+
+    try:
+        name, settings = remote_settings(Path.cwd(), args.name)
+        if not settings["url"].startswith("ssh://"):
+            print(f"remote {name!r} is {settings['url']}: not an SSH remote, no host key to check")
+            return 0
+        target = parse_ssh_url(settings["url"])
+        port = int(settings.get("port") or target.port)
+        result = check_host_key(target.host, port, args.known_hosts)
+    except RemoteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(result.message(args.known_hosts), file=sys.stdout if result.ok else sys.stderr)
+    return 0 if result.ok else 3
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="policypipe",
@@ -217,6 +264,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", type=Path, default=Path("data/stats/stats.json"))
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.set_defaults(func=_compare)
+
+    p = sub.add_parser("lineage", help="where a policy, checkpoint or dataset came from, down to each recording",
+                       description="Walk back from a policy, a checkpoint or the dataset through the stages' provenance "
+                       "records: train run, dataset fingerprint, convert run, manifest, pair run and every recording's "
+                       "SHA-256, with the commit and machine of each run. Exit status 1 if a link is missing.")
+    p.add_argument("path", type=Path, metavar="PATH", help="data/policy, a checkpoint folder, data/dataset.zarr or a manifest")
+    p.add_argument("--json", action="store_true", help="print the chain as JSON")
+    p.set_defaults(func=_lineage)
+
+    remote = sub.add_parser("remote", help="set up an SSH remote for dvc push/pull, and check its host key",
+                            description="DVC remotes on an SSH server.").add_subparsers(dest="action", required=True)
+    p = remote.add_parser("add", help="add an SSH remote: URL in .dvc/config, key file in .dvc/config.local",
+                          description="`dvc remote add` for an SSH server, with every download's hash verified; the key "
+                          "file's path goes to .dvc/config.local, which git ignores.")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("url", metavar="URL", help="ssh://[user@]host[:port]/absolute/path/on/the/server")
+    p.add_argument("--keyfile", type=Path, default=None, help="private key (default: ssh's own choice, e.g. ~/.ssh/id_ed25519)")
+    p.add_argument("--no-default", action="store_true", help="do not make it the default remote")
+    p.set_defaults(func=_remote_add)
+    p = remote.add_parser("check", help="verify the server's host key against known_hosts (dvc-ssh does not)",
+                          description="Compare the host key the remote's server presents with your known_hosts. Refuses "
+                          "(exit status 3) an unknown or changed key. Run it before `dvc push` to a new server.")
+    p.add_argument("name", nargs="?", default=None, metavar="NAME", help="remote name (default: the default remote)")
+    p.add_argument("--known-hosts", type=Path, default=Path("~/.ssh/known_hosts").expanduser())
+    p.set_defaults(func=_remote_check)
     return parser
 
 

@@ -1,0 +1,64 @@
+"""Real repositories for end-to-end tests: a copy of this checkout, real git, real DVC."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",
+}
+
+
+def env() -> dict[str, str]:
+    bin_dir = str(Path(sys.executable).parent)
+    return os.environ | GIT_ENV | {"PATH": bin_dir + os.pathsep + os.environ["PATH"], "DVC_NO_ANALYTICS": "1"}
+
+
+def run(cwd: Path, *args: str) -> str:
+    done = subprocess.run(args, cwd=cwd, env=env(), capture_output=True, text=True)
+    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+def run_failing(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """Runs a command that is expected to fail; the caller checks how."""
+    done = subprocess.run(args, cwd=cwd, env=env(), capture_output=True, text=True)
+    assert done.returncode != 0, f"{' '.join(args)} succeeded but should have failed:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def checkout_copy(dest: Path) -> Path:
+    """This working tree's files (tracked and untracked, not ignored) in a fresh git repository."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO_ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        src = REPO_ROOT / rel
+        if src.is_file() and not rel.startswith("data/"):
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    run(dest, "git", "init", "-q", "-b", "main")
+    # The copy's default remote must not be the checkout's (a folder beside it): tests set their own.
+    run(dest, "dvc", "remote", "remove", "localdir")
+    run(dest, "git", "add", "-A")
+    run(dest, "git", "commit", "-q", "-m", "copy")
+    return dest
+
+
+def shorten_training(repo: Path) -> None:
+    """The demo's params, with a training run of a few steps: the stage runs for real, quickly."""
+    import yaml
+
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"] |= {"steps": 6, "batch_size": 8, "val_every": 3, "val_batches": 1, "checkpoint_every": 3, "num_workers": 0}
+    params["eval"] |= {"stride": 16, "spread_observations": 2, "spread_samples": 3}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(repo, "git", "commit", "-qam", "short training")
