@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 export DVC_NO_ANALYTICS := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test lock bench smoke clean-demo
+.PHONY: setup demo test lock bench smoke clean-demo remote push
 
 setup: $(STAMP)
 
@@ -52,3 +52,19 @@ bench: $(STAMP)
 # Before committing GPUs: a few real steps, interrupted and resumed in a fresh process.
 smoke: $(STAMP)
 	$(BIN)/policypipe smoke
+
+# An SSH remote for dvc push/pull, made the default (README, "Remotes"):
+#   make remote HOST=user@server DIR=/srv/dvc/policypipe KEY=~/.ssh/id_ed25519 [PORT=22] [NAME=server]
+# DIR rather than PATH: PATH=... on make's command line would replace the shell's search path.
+NAME ?= server
+PORT ?= 22
+remote: $(STAMP)
+	@test -n "$(HOST)" && test -n "$(DIR)" || \
+		{ echo "usage: make remote HOST=user@server DIR=/absolute/path [KEY=~/.ssh/id_ed25519] [PORT=22] [NAME=server]"; exit 2; }
+	$(BIN)/policypipe remote add $(NAME) ssh://$(HOST):$(PORT)$(DIR) $(if $(KEY),--keyfile $(KEY))
+	$(BIN)/policypipe remote check $(NAME)
+
+# Push to the default remote, once its server's host key checks out (dvc-ssh does not check it).
+push: $(STAMP)
+	$(BIN)/policypipe remote check
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc push

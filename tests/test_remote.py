@@ -1,0 +1,179 @@
+"""The SSH remote, for real: a loopback sshd, `dvc push`/`dvc pull` of the pipeline's outputs,
+an interrupted push, a corrupted remote object, and the host-key check."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.sshd import CuttingProxy, LoopbackSshd, ensure_sshd, keygen, start_sshd
+from tests.workspace import run, run_failing
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory) -> LoopbackSshd:
+    problem = ensure_sshd()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(problem)  # CI runs as root and can install it: a skip there would hide the tests
+        pytest.skip(problem)
+    server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.stop()
+
+
+def url(server: LoopbackSshd, folder: Path, port: int | None = None) -> str:
+    return f"ssh://{server.user}@127.0.0.1:{port or server.port}{folder}"
+
+
+def add_remote(repo: Path, name: str, server: LoopbackSshd, folder: Path, port: int | None = None) -> None:
+    run(repo, "policypipe", "remote", "add", name, url(server, folder, port), "--keyfile", str(server.client_key), "--no-default")
+
+
+def remote_objects(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".tmp")]
+
+
+def cache_objects(repo: Path) -> list[Path]:
+    return [p for p in (repo / ".dvc/cache/files/md5").rglob("*") if p.is_file()]
+
+
+def fresh_clone(repo: Path, dest: Path) -> Path:
+    """What another machine has after `git clone`: code, dvc.lock, no cache and no outputs."""
+    subprocess.run(["git", "clone", "-q", str(repo), str(dest)], check=True)
+    assert not (dest / ".dvc/cache").exists() and not (dest / "data/policy").exists()
+    return dest
+
+
+def assert_pulled_outputs_verify(clone: Path, original: Path) -> None:
+    assert run(clone, "policypipe", "verify", "data/dataset.zarr").startswith("OK")
+    assert run(clone, "policypipe", "verify", "data/policy").startswith("OK")
+    assert "up to date" in run(clone, "dvc", "status")
+    for path in ("data/policy/model.safetensors", "data/manifest.json", "data/stats/stats.json"):
+        assert (clone / path).read_bytes() == (original / path).read_bytes(), path
+
+
+@pytest.fixture(scope="module")
+def pushed(pipeline_repo: Path, sshd: LoopbackSshd, tmp_path_factory) -> Path:
+    """The remote folder after a complete push of the pipeline's outputs over SSH."""
+    folder = tmp_path_factory.mktemp("remote-full")
+    add_remote(pipeline_repo, "server", sshd, folder)
+    run(pipeline_repo, "dvc", "push", "-r", "server")
+    return folder
+
+
+def test_push_then_pull_on_a_fresh_machine_verifies(pipeline_repo: Path, sshd: LoopbackSshd, pushed: Path, tmp_path: Path) -> None:
+    assert len(remote_objects(pushed)) == len(cache_objects(pipeline_repo))
+    clone = fresh_clone(pipeline_repo, tmp_path / "server-checkout")
+    add_remote(clone, "server", sshd, pushed)
+    run(clone, "dvc", "pull", "-r", "server")
+    assert_pulled_outputs_verify(clone, pipeline_repo)
+
+    # Lineage works on the pulled copy: down to the recordings' hashes, as on the machine that ran it.
+    shown = run(clone, "policypipe", "lineage", "data/policy")
+    manifest = (clone / "data/manifest.json").read_text()
+    import json
+
+    for recording in json.loads(manifest)["recordings"]:
+        for f in recording["files"].values():
+            assert f"{f['sha256']}  {f['path']}" in shown
+
+
+def test_an_interrupted_push_is_completed_by_the_next_push(pipeline_repo: Path, sshd: LoopbackSshd, tmp_path: Path) -> None:
+    folder = tmp_path / "remote-cut"
+    folder.mkdir()
+    total = sum(p.stat().st_size for p in cache_objects(pipeline_repo))
+    proxy = CuttingProxy(sshd.port, budget=total // 3)  # the network drops a third of the way in
+    try:
+        add_remote(pipeline_repo, "flaky", sshd, folder, port=proxy.port)
+        failed = run_failing(pipeline_repo, "dvc", "push", "-r", "flaky")
+    finally:
+        proxy.close()
+    assert proxy.cut.is_set(), "the proxy never cut the connection: the push was not interrupted"
+    assert "failed" in failed.stderr.lower()
+    assert 0 < len(remote_objects(folder)) < len(cache_objects(pipeline_repo))  # part-way
+
+    add_remote(pipeline_repo, "flaky", sshd, folder)  # the network is back
+    run(pipeline_repo, "dvc", "push", "-r", "flaky")
+    clone = fresh_clone(pipeline_repo, tmp_path / "checkout")
+    add_remote(clone, "flaky", sshd, folder)
+    run(clone, "dvc", "pull", "-r", "flaky")
+    assert_pulled_outputs_verify(clone, pipeline_repo)
+
+
+def test_a_pull_from_a_remote_with_a_corrupted_object_fails_loudly(
+    pipeline_repo: Path, sshd: LoopbackSshd, pushed: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "remote-damaged"
+    shutil.copytree(pushed, folder)
+    weights = (pipeline_repo / "data/policy/model.safetensors").read_bytes()
+    md5 = hashlib.md5(weights).hexdigest()
+    damaged = folder / "files/md5" / md5[:2] / md5[2:]
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit, in the middle of the weights
+    damaged.write_bytes(bytes(data))
+
+    clone = fresh_clone(pipeline_repo, tmp_path / "checkout")
+    add_remote(clone, "server", sshd, folder)
+    failed = run_failing(clone, "dvc", "pull", "-r", "server")
+    assert "ERROR" in failed.stderr and "data/policy" in failed.stderr
+    assert not (clone / "data/policy/model.safetensors").exists()  # the damaged weights never reach the workspace
+    assert run(clone, "policypipe", "verify", "data/dataset.zarr").startswith("OK")  # the rest was pulled intact
+
+
+@pytest.fixture
+def small_repo(tmp_path: Path, sshd: LoopbackSshd) -> Path:
+    """A git + DVC repository with the SSH remote "server" configured by `policypipe remote add`."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    run(repo, "git", "init", "-q")
+    run(repo, "dvc", "init", "-q")
+    add_remote(repo, "server", sshd, tmp_path / "remote")
+    return repo
+
+
+def test_remote_add_keeps_the_key_out_of_git(small_repo: Path, sshd: LoopbackSshd) -> None:
+    committed = (small_repo / ".dvc/config").read_text()
+    local = (small_repo / ".dvc/config.local").read_text()
+    assert "keyfile" not in committed and str(sshd.client_key) in local
+    assert 'remote "server"' in committed and "verify = true" in committed
+    subprocess.run(["git", "check-ignore", "-q", ".dvc/config.local"], cwd=small_repo, check=True)
+    missing = run_failing(small_repo, "policypipe", "remote", "add", "other", "ssh://h/x", "--keyfile", "/nonexistent/key")
+    assert "/nonexistent/key does not exist" in missing.stderr
+
+
+def check(repo: Path, known_hosts: Path) -> subprocess.CompletedProcess:
+    from tests.workspace import env
+
+    return subprocess.run(["policypipe", "remote", "check", "server", "--known-hosts", str(known_hosts)],
+                          cwd=repo, env=env(), capture_output=True, text=True)
+
+
+def test_remote_check_accepts_the_known_key_and_refuses_unknown_or_changed_ones(
+    small_repo: Path, sshd: LoopbackSshd, tmp_path: Path
+) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text(sshd.known_hosts_line())
+    done = check(small_repo, known)
+    assert done.returncode == 0 and done.stdout.startswith("OK"), done.stderr
+
+    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(known)], check=True, capture_output=True)  # hashed names
+    assert "127.0.0.1" not in known.read_text()
+    assert check(small_repo, known).returncode == 0
+
+    known.write_text("")
+    done = check(small_repo, known)
+    assert done.returncode == 3 and "REFUSED" in done.stderr and "has no key" in done.stderr
+
+    keygen(tmp_path / "impostor")
+    algorithm, key = (tmp_path / "impostor.pub").read_text().split()[:2]
+    known.write_text(f"[127.0.0.1]:{sshd.port} {algorithm} {key}\n")
+    done = check(small_repo, known)
+    assert done.returncode == 3 and "CHANGED" in done.stderr, done.stderr
