@@ -28,7 +28,7 @@ def test_policy_lineage_reaches_every_recording_with_commit_and_machine(pipeline
     assert done.returncode == 0, done.stdout + done.stderr
     code_commit = (pipeline_repo.parent / "code_commit").read_text()
     stats = json.loads((pipeline_repo / "data/stats/stats.json").read_text())
-    for stage in ("train", "convert", "pair"):
+    for stage in ("train", "stats", "convert", "pair"):
         line = next(line for line in done.stdout.splitlines() if line.startswith(f"<- {stage} run"))
         assert f"commit {code_commit[:12]}" in line and " on " in line
     assert f"dataset fingerprint {stats['dataset_fingerprint']['sha256']}" in done.stdout
@@ -42,7 +42,7 @@ def test_checkpoint_and_dataset_lineage_and_json(pipeline_repo: Path) -> None:
     checkpoint = lineage(pipeline_repo, "data/train/checkpoints/latest", "--json")
     chain = json.loads(checkpoint.stdout)["chain"]
     assert [link["what"] for link in chain] == [
-        "checkpoint", "train run", "statistics", "dataset", "convert run", "manifest", "pair run", "recordings"
+        "checkpoint", "train run", "statistics", "stats run", "dataset", "convert run", "manifest", "pair run", "recordings"
     ]
     assert chain[-1]["count"] == 3
     dataset = lineage(pipeline_repo, "data/dataset.zarr")

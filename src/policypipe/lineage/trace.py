@@ -1,7 +1,7 @@
 """Walks back from a policy, a checkpoint or the dataset to the recordings that made it.
 
-The chain is policy <- train run <- dataset fingerprint <- convert run <- manifest <- pair run
-<- each recording's SHA-256. Every link is a hash match, never a file name or a date: the
+The chain is policy <- train run <- statistics <- stats run <- dataset fingerprint <- convert
+run <- manifest <- pair run <- each recording's SHA-256. Every link is a hash match, never a file name or a date: the
 policy's export names the dataset fingerprint and statistics it was trained on; a stage's
 provenance record (metrics/provenance/<stage>.json, git-tracked) names the hashes it read
 and wrote. Records are looked up in the working tree first, then in the git history of the
@@ -161,6 +161,7 @@ def trace(target: Path, root: Path) -> dict[str, Any]:
             missing = f"no train record wrote this policy (sha256 {digest}): it was made outside this repository's runs"
         chain.append(_run_link("train", run, missing))
         chain.append({"what": "statistics", "sha256": stats_sha})
+        chain.append(_run_link("stats", records.find("stats", wrote=stats_sha), f"no stats record wrote statistics {stats_sha}"))
     elif kind == "dataset":
         from policypipe.dataset.fingerprint import fingerprint as dataset_fingerprint
 
@@ -226,7 +227,7 @@ def format_trace(result: dict[str, Any]) -> str:
         elif what.endswith(" run"):
             lines.append(f"{arrow}{what}  {_describe_run(link)}")
         elif what == "statistics":
-            lines.append(f"   trained with statistics sha256 {link['sha256']}")
+            lines.append(f"<- statistics sha256 {link['sha256']}")
         elif what == "dataset":
             path = f"{link['path']}  " if "path" in link else ""
             lines.append(f"{arrow}dataset {path}fingerprint {link['fingerprint']}")
