@@ -80,7 +80,10 @@ def start_sshd(folder: Path) -> LoopbackSshd:
         # The test's temporary folders are not root-owned 0755 all the way up.
         "StrictModes no\nSubsystem sftp internal-sftp\nMaxStartups 100\nMaxSessions 100\nLogLevel ERROR\n"
     )
-    Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation directory, absent until sshd first runs
+    try:
+        Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation directory, absent until sshd first runs
+    except PermissionError:
+        pass  # not root: sshd runs unprivileged and does not need it
     # -D: stay in the foreground, so the PID is the server's own; -e: log to stderr.
     process = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)], stderr=open(folder / "sshd.log", "wb"))
     deadline = time.monotonic() + 15
