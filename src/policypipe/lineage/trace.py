@@ -140,63 +140,77 @@ def trace(target: Path, root: Path) -> dict[str, Any]:
     records = Records(root)
     kind = _identify(target)
     chain: list[dict[str, Any]] = []
-    fingerprint = manifest_sha = None
-
-    if kind in ("policy", "checkpoint"):
-        if kind == "policy":
-            meta = _read_json(target / "manifest.json").get("lineage", {})
-            digest = sha256_path(target)
-            chain.append({"what": "policy", "path": target.as_posix(), "sha256": digest, "steps": meta.get("steps")})
-            run = records.find("train", wrote=digest)
-        else:
-            meta = _read_json(target / "trainer.json")
-            chain.append({"what": "checkpoint", "path": target.as_posix(), "step": meta.get("step")})
-            run = None
-        fingerprint, stats_sha = meta.get("dataset_fingerprint"), meta.get("stats_sha256")
-        if kind == "checkpoint":
-            # A checkpoint is not a stage output: its run is the one that read the same inputs.
-            run = records.find("train", read={"dataset": fingerprint, "stats": stats_sha})
-            missing = f"no train record read dataset {fingerprint} with statistics {stats_sha}"
-        else:
-            missing = f"no train record wrote this policy (sha256 {digest}): it was made outside this repository's runs"
-        chain.append(_run_link("train", run, missing))
-        chain.append({"what": "statistics", "sha256": stats_sha})
-        chain.append(_run_link("stats", records.find("stats", wrote=stats_sha), f"no stats record wrote statistics {stats_sha}"))
-    elif kind == "dataset":
-        from policypipe.dataset.fingerprint import fingerprint as dataset_fingerprint
-
-        fingerprint = dataset_fingerprint(target).digest
+    if kind == "manifest":
+        manifest_sha: str | None = sha256_file(target)
     else:
-        manifest_sha = sha256_file(target)
-
-    if fingerprint is not None:
+        if kind == "dataset":
+            fingerprint = _dataset_fingerprint(target)
+        else:
+            fingerprint = _training_links(target, kind, records, chain)
         chain.append({"what": "dataset", "fingerprint": fingerprint, **({"path": target.as_posix()} if kind == "dataset" else {})})
-        run = records.find("convert", wrote=fingerprint)
-        chain.append(_run_link("convert", run, f"no convert record wrote dataset fingerprint {fingerprint}"))
-        if run is not None:
-            manifest_sha = next(
-                (d for p, d in run.record.get("inputs_sha256", {}).items() if Path(p).name == MANIFEST.name), None
-            )
-    if manifest_sha is None:
-        chain.append({"what": "manifest", "missing": "the convert record names no manifest"})
-        return {"target": target.as_posix(), "kind": kind, "chain": chain}
+        manifest_sha = _convert_links(fingerprint, records, chain)
+    if manifest_sha is not None:
+        manifest = target if kind == "manifest" else root / MANIFEST
+        _recording_links(manifest, target if kind == "manifest" else MANIFEST, manifest_sha, records, chain)
+    return {"target": target.as_posix(), "kind": kind, "chain": chain}
 
-    manifest_path = target if kind == "manifest" else root / MANIFEST
-    have = sha256_file(manifest_path) if manifest_path.is_file() else None
-    chain.append({"what": "manifest", "path": MANIFEST.as_posix(), "sha256": manifest_sha})
+
+def _dataset_fingerprint(store: Path) -> str:
+    from policypipe.dataset.fingerprint import UnreadableArray, fingerprint
+
+    try:
+        return fingerprint(store).digest
+    except UnreadableArray as exc:
+        raise LineageError(f"{store}: {exc}; `policypipe verify {store}` says more, `dvc pull` restores it") from exc
+
+
+def _training_links(target: Path, kind: str, records: Records, chain: list[dict[str, Any]]) -> str | None:
+    """Policy or checkpoint <- train run <- statistics <- stats run; returns the dataset fingerprint."""
+    if kind == "policy":
+        meta = _read_json(target / "manifest.json").get("lineage", {})
+        digest = sha256_path(target)
+        chain.append({"what": "policy", "path": target.as_posix(), "sha256": digest, "steps": meta.get("steps")})
+        run = records.find("train", wrote=digest)
+        missing = f"no train record wrote this policy (sha256 {digest}): it was made outside this repository's runs"
+    else:
+        meta = _read_json(target / "trainer.json")
+        chain.append({"what": "checkpoint", "path": target.as_posix(), "step": meta.get("step")})
+        # A checkpoint is not a stage output: its run is the one that read the same inputs.
+        run = records.find("train", read={"dataset": meta.get("dataset_fingerprint"), "stats": meta.get("stats_sha256")})
+        missing = "no train record read this checkpoint's dataset and statistics"
+    chain.append(_run_link("train", run, missing))
+    stats_sha = meta.get("stats_sha256")
+    chain.append({"what": "statistics", "sha256": stats_sha})
+    chain.append(_run_link("stats", records.find("stats", wrote=stats_sha), f"no stats record wrote statistics {stats_sha}"))
+    return meta.get("dataset_fingerprint")
+
+
+def _convert_links(fingerprint: str | None, records: Records, chain: list[dict[str, Any]]) -> str | None:
+    """Dataset <- convert run; returns the manifest's SHA-256 the run read."""
+    run = records.find("convert", wrote=fingerprint) if fingerprint else None
+    chain.append(_run_link("convert", run, f"no convert record wrote dataset fingerprint {fingerprint}"))
+    if run is None:
+        return None
+    inputs = run.record.get("inputs_sha256", {})
+    return next((digest for path, digest in inputs.items() if Path(path).name == MANIFEST.name), None)
+
+
+def _recording_links(manifest: Path, shown_as: Path, manifest_sha: str, records: Records, chain: list[dict[str, Any]]) -> None:
+    """Manifest <- pair run <- every recording file's SHA-256 (from the manifest, if it is this one)."""
+    chain.append({"what": "manifest", "path": shown_as.as_posix(), "sha256": manifest_sha})
     chain.append(_run_link("pair", records.find("pair", wrote=manifest_sha), f"no pair record wrote manifest {manifest_sha}"))
+    have = sha256_file(manifest) if manifest.is_file() else None
     if have != manifest_sha:
         chain.append({"what": "recordings", "missing": (
-            f"{MANIFEST} in this working tree is {'absent' if have is None else 'another manifest'}: check out the "
-            f"commit of the pair run above and `dvc pull {MANIFEST}` to list the recordings"
+            f"{shown_as} is {'absent' if have is None else 'another manifest'}: check out the commit of the pair "
+            f"run above and `dvc pull {MANIFEST}` to list the recordings"
         )})
-    else:
-        recordings = _read_json(manifest_path)["recordings"]
-        chain.append({"what": "recordings", "count": len(recordings), "recordings": [
-            {"stem": r["stem"], "files": {role: {"path": f["path"], "sha256": f["sha256"]} for role, f in sorted(r["files"].items())}}
-            for r in recordings
-        ]})
-    return {"target": target.as_posix(), "kind": kind, "chain": chain}
+        return
+    recordings = _read_json(manifest)["recordings"]
+    chain.append({"what": "recordings", "count": len(recordings), "recordings": [
+        {"stem": r["stem"], "files": {role: {"path": f["path"], "sha256": f["sha256"]} for role, f in sorted(r["files"].items())}}
+        for r in recordings
+    ]})
 
 
 def _run_link(stage: str, run: Run | None, missing: str) -> dict[str, Any]:
