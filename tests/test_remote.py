@@ -69,6 +69,15 @@ def pushed(pipeline_repo: Path, sshd: LoopbackSshd, tmp_path_factory) -> Path:
     return folder
 
 
+def test_the_default_remote_beside_the_checkout_works_out_of_the_box(pipeline_repo: Path) -> None:
+    remote = pipeline_repo.parent / "policypipe-dvc-remote"  # .dvc/config: ../../policypipe-dvc-remote
+    run(pipeline_repo, "dvc", "push")
+    assert len(remote_objects(remote)) == len(cache_objects(pipeline_repo))
+    clone = fresh_clone(pipeline_repo, pipeline_repo.parent / "second-checkout")  # beside it: the same remote
+    run(clone, "dvc", "pull")
+    assert_pulled_outputs_verify(clone, pipeline_repo)
+
+
 def test_push_then_pull_on_a_fresh_machine_verifies(pipeline_repo: Path, sshd: LoopbackSshd, pushed: Path, tmp_path: Path) -> None:
     assert len(remote_objects(pushed)) == len(cache_objects(pipeline_repo))
     clone = fresh_clone(pipeline_repo, tmp_path / "server-checkout")

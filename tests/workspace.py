@@ -46,8 +46,6 @@ def checkout_copy(dest: Path) -> Path:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     run(dest, "git", "init", "-q", "-b", "main")
-    # The copy's default remote must not be the checkout's (a folder beside it): tests set their own.
-    run(dest, "dvc", "remote", "remove", "localdir")
     run(dest, "git", "add", "-A")
     run(dest, "git", "commit", "-q", "-m", "copy")
     return dest
