@@ -1,8 +1,9 @@
 """Diffusion Policy: observations -> a chunk of future actions, by denoising.
 
 Training (DDPM): noise a normalised action chunk at a random diffusion step and regress the
-noise (epsilon prediction), the clean chunk or the velocity, as configured. Inference (DDIM): start from Gaussian noise and denoise in
-`num_inference_steps` steps. The schedules come from diffusers.
+noise (epsilon prediction), the clean chunk or the velocity, as `prediction_type` says.
+Inference (DDIM): start from Gaussian noise and denoise in `num_inference_steps` steps. The
+schedules come from diffusers.
 
 Batch layout, with B batch, O = n_obs_steps, T = horizon:
   obs_images   uint8 (B, O, H, W, 3)
