@@ -21,15 +21,15 @@ def env() -> dict[str, str]:
     return os.environ | GIT_ENV | {"PATH": bin_dir + os.pathsep + os.environ["PATH"], "DVC_NO_ANALYTICS": "1"}
 
 
-def run(cwd: Path, *args: str) -> str:
-    done = subprocess.run(args, cwd=cwd, env=env(), capture_output=True, text=True)
+def run(cwd: Path, *args: str, timeout_s: float = 600) -> str:
+    done = subprocess.run(args, cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout + done.stderr
 
 
-def run_failing(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+def run_failing(cwd: Path, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
     """Runs a command that is expected to fail; the caller checks how."""
-    done = subprocess.run(args, cwd=cwd, env=env(), capture_output=True, text=True)
+    done = subprocess.run(args, cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode != 0, f"{' '.join(args)} succeeded but should have failed:\n{done.stdout}\n{done.stderr}"
     return done
 
