@@ -4,6 +4,7 @@ an interrupted push, a corrupted remote object, and the host-key check."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.sshd import CuttingProxy, LoopbackSshd, ensure_sshd, keygen, start_sshd
-from tests.workspace import run, run_failing
+from tests.workspace import env, run, run_failing
 
 pytestmark = pytest.mark.slow
 
@@ -87,10 +88,8 @@ def test_push_then_pull_on_a_fresh_machine_verifies(pipeline_repo: Path, sshd: L
 
     # Lineage works on the pulled copy: down to the recordings' hashes, as on the machine that ran it.
     shown = run(clone, "policypipe", "lineage", "data/policy")
-    manifest = (clone / "data/manifest.json").read_text()
-    import json
-
-    for recording in json.loads(manifest)["recordings"]:
+    manifest = json.loads((clone / "data/manifest.json").read_text())
+    for recording in manifest["recordings"]:
         for f in recording["files"].values():
             assert f"{f['sha256']}  {f['path']}" in shown
 
@@ -159,8 +158,6 @@ def test_remote_add_keeps_the_key_out_of_git(small_repo: Path, sshd: LoopbackSsh
 
 
 def check(repo: Path, known_hosts: Path) -> subprocess.CompletedProcess:
-    from tests.workspace import env
-
     return subprocess.run(["policypipe", "remote", "check", "server", "--known-hosts", str(known_hosts)],
                           cwd=repo, env=env(), capture_output=True, text=True)
 

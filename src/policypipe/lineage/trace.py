@@ -81,9 +81,11 @@ class Records:
             for commit in commits:
                 text = self._git("show", f"{commit}:{path}")
                 try:
-                    versions.append((commit, json.loads(text))) if text else None
+                    record = json.loads(text) if text else None
                 except json.JSONDecodeError:
-                    continue
+                    record = None  # a damaged old record is no evidence: skip it
+                if record is not None:
+                    versions.append((commit, record))
             self._history[stage] = versions
         return self._history[stage]
 
