@@ -50,7 +50,8 @@ def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _run(args: list[str], cwd: Path) -> str | None:
+def command_output(args: list[str], cwd: Path) -> str | None:
+    """A command's stdout, or None if it cannot run or fails (git outside a checkout, no nvidia-smi)."""
     try:
         done = subprocess.run(args, cwd=cwd, capture_output=True, check=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
@@ -59,16 +60,16 @@ def _run(args: list[str], cwd: Path) -> str | None:
 
 
 def git_state(root: Path) -> dict[str, Any]:
-    commit = _run(["git", "rev-parse", "HEAD"], root)
+    commit = command_output(["git", "rev-parse", "HEAD"], root)
     if commit is None:
         return {"available": False, "reason": f"{root} is not a git checkout with a commit"}
-    status = _run(["git", "status", "--porcelain=v1", "--untracked-files=all"], root) or ""
+    status = command_output(["git", "status", "--porcelain=v1", "--untracked-files=all"], root) or ""
     changed = sorted(line[3:] for line in status.splitlines() if line.strip())
-    diff = (_run(["git", "diff", "HEAD", "--binary"], root) or "").encode()
+    diff = (command_output(["git", "diff", "HEAD", "--binary"], root) or "").encode()
     return {
         "available": True,
         "commit": commit.strip(),
-        "branch": (_run(["git", "rev-parse", "--abbrev-ref", "HEAD"], root) or "").strip(),
+        "branch": (command_output(["git", "rev-parse", "--abbrev-ref", "HEAD"], root) or "").strip(),
         "dirty": bool(changed),
         "changed_files": changed,
         # Untracked files are listed above; the diff hash covers changes to tracked files.
@@ -140,7 +141,7 @@ def _nvidia_smi() -> list[dict[str, str]]:
     if shutil.which("nvidia-smi") is None:
         return []
     fields = ["index", "name", "memory.total", "driver_version", "uuid"]
-    out = _run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"], Path.cwd())
+    out = command_output(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"], Path.cwd())
     if not out:
         return []
     return [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in out.splitlines() if line.strip()]

@@ -13,12 +13,12 @@ chain is the same.
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from policypipe.lineage.hashing import sha256_file, sha256_path
+from policypipe.lineage.provenance import command_output
 
 PROVENANCE_DIR = Path("metrics/provenance")
 MANIFEST = Path("data/manifest.json")
@@ -67,11 +67,7 @@ class Records:
         return PROVENANCE_DIR / f"{stage}.json"
 
     def _git(self, *args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", *args], cwd=self.root, capture_output=True, check=True, timeout=60)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.decode(errors="replace")
+        return command_output(["git", *args], self.root)
 
     def _older(self, stage: str) -> list[tuple[str, dict[str, Any]]]:
         if stage not in self._history:
