@@ -29,7 +29,10 @@ def test_provenance_of_pair_holds_code_environment_machine_and_hashes(pipeline_r
     prov = json.loads((pipeline_repo / "metrics/provenance/pair.json").read_text())
     head = (pipeline_repo.parent / "code_commit").read_text()
     assert prov["git"]["commit"] == head and prov["git"]["branch"] == "main"
-    assert prov["git"]["dirty"] is True  # the run's own outputs are not committed yet
+    # The stage's code and params are the commit's: not dirty, though the checkout is (the
+    # new data/raw.dvc, and the outputs DVC removed before running the stage).
+    assert prov["git"]["dirty"] is False and prov["git"]["dirty_files"] == []
+    assert "data/raw.dvc" in prov["git"]["changed_files"]
     assert prov["environment"]["lock"]["sha256"] and prov["environment"]["installed"]["dvc"]
     assert prov["accelerator"]["device"] in ("cpu", "cuda")
     assert prov["host"]["cpu_count"] >= 1

@@ -93,3 +93,47 @@ def test_project_lock_matches_this_environment() -> None:
         pass
     differences = run.record()["environment"]["lock"]["differences"]
     assert differences == [], f"installed packages differ from requirements.lock: {differences}"
+
+
+def test_dirty_is_about_the_stages_own_code_and_params_not_the_whole_checkout(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    make_repo(root, "")
+    (root / "code.py").write_text("print('v1')\n")
+    (root / "other.py").write_text("print('unrelated')\n")
+    (root / "out.json").write_text("{}")
+    (root / "params.yaml").write_text("s:\n  lr: 1\nother:\n  x: 1\n")
+    (root / "dvc.yaml").write_text(
+        "stages:\n  s:\n    cmd: python code.py\n    deps: [code.py, data/raw]\n    params: [s]\n"
+        "    outs: [{out.json: {cache: false}}]\n"
+    )
+    git(root, "add", ".")
+    git(root, "commit", "-q", "-m", "stage s")
+
+    def state() -> dict:
+        with StageRun("s", params={}, root=root) as run:
+            pass
+        return run.record()["git"]
+
+    # What dvc repro leaves: the stage's output removed, another file and params section edited.
+    (root / "out.json").unlink()
+    (root / "other.py").write_text("print('edited')\n")
+    (root / "params.yaml").write_text("s:\n  lr: 1\nother:\n  x: 2\n")
+    clean = state()
+    assert clean["dirty"] is False and clean["dirty_files"] == [] and clean["diff_sha256"] is None
+    assert {"out.json", "other.py", "params.yaml"} <= set(clean["changed_files"])
+
+    (root / "code.py").write_text("print('v2')\n")
+    edited = state()
+    assert edited["dirty"] is True and edited["dirty_files"] == ["code.py"] and len(edited["diff_sha256"]) == 64
+
+    (root / "code.py").write_text("print('v1')\n")
+    (root / "params.yaml").write_text("s:\n  lr: 2\nother:\n  x: 2\n")
+    assert state()["dirty_files"] == ["params.yaml [s]"]
+
+
+def test_git_state_is_taken_when_the_stage_starts(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    make_repo(root, "")
+    with StageRun("s", params={}, root=root) as run:
+        (root / "in.txt").write_text("written by the stage itself")
+    assert run.record()["git"]["dirty"] is False

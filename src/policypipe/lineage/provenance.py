@@ -1,7 +1,7 @@
 """The provenance record every stage writes next to its outputs.
 
-It answers, months later, "what exactly produced this?": code (git commit, dirty state and a
-hash of the uncommitted diff), environment (the lock's hash, what is installed, and every
+It answers, months later, "what exactly produced this?": code (git commit, whether the
+stage's own code and params differ from it, and a hash of that diff), environment (the lock's hash, what is installed, and every
 difference between the two), hardware (GPUs and driver, or "cpu"), host, the exact command
 and params, and the hashes of what the stage read and wrote. It is host- and time-dependent
 by nature, so it lives in its own small git-tracked file, never inside a hashed data output.
@@ -59,20 +59,80 @@ def command_output(args: list[str], cwd: Path) -> str | None:
     return done.stdout.decode(errors="replace")
 
 
-def git_state(root: Path) -> dict[str, Any]:
+def stage_definition(root: Path, stage: str) -> tuple[list[str], list[str]] | None:
+    """(the deps, the params sections) `dvc.yaml` declares for `stage`, or None if it declares none.
+
+    These are what decide the stage's output, so they are what "dirty" is about.
+    """
+    dvc_yaml = root / "dvc.yaml"
+    if not dvc_yaml.is_file():
+        return None
+    from ruamel.yaml import YAML
+
+    stages = (YAML(typ="safe", pure=True).load(dvc_yaml.read_text()) or {}).get("stages", {})
+    if stage not in stages:
+        return None
+    deps = [d if isinstance(d, str) else next(iter(d)) for d in stages[stage].get("deps", [])]
+    sections: list[str] = []
+    for entry in stages[stage].get("params", []):
+        if isinstance(entry, str):
+            sections.append(entry)
+        else:  # {params file: [keys]}; only params.yaml sections are tracked here
+            sections.extend(k for keys in entry.values() for k in (keys or []))
+    return deps, sections
+
+
+def _params_sections_changed(root: Path, sections: list[str]) -> list[str]:
+    """The params.yaml sections that differ from the committed params.yaml."""
+    from ruamel.yaml import YAML
+
+    params_file = root / "params.yaml"
+    committed = command_output(["git", "show", "HEAD:params.yaml"], root)
+    current = params_file.read_text() if params_file.is_file() else None
+    if committed is None and current is None:
+        return []
+    yaml = YAML(typ="safe", pure=True)
+    before = (yaml.load(committed) if committed else None) or {}
+    after = (yaml.load(current) if current else None) or {}
+    return [f"params.yaml [{s}]" for s in sections if before.get(s) != after.get(s)]
+
+
+def _status_paths(root: Path, paths: list[str] | None) -> list[str]:
+    args = ["git", "status", "--porcelain=v1", "--untracked-files=all", "--no-renames"]
+    if paths is not None:
+        args += ["--", *paths]
+    status = command_output(args, root) or ""
+    return sorted(line[3:] for line in status.splitlines() if line.strip())
+
+
+def git_state(root: Path, stage: str | None = None) -> dict[str, Any]:
+    """The commit, and whether what decides the stage's output differs from it.
+
+    `dirty` is about the stage's own code and params (its `dvc.yaml` deps and params
+    sections), not the whole checkout: under `dvc repro` the checkout is never clean (DVC
+    removes a stage's git-tracked outputs before running it, and earlier stages have just
+    rewritten theirs). `changed_files` still lists every difference, for information.
+    Without a `dvc.yaml` entry for the stage, every difference counts.
+    """
     commit = command_output(["git", "rev-parse", "HEAD"], root)
     if commit is None:
         return {"available": False, "reason": f"{root} is not a git checkout with a commit"}
-    status = command_output(["git", "status", "--porcelain=v1", "--untracked-files=all"], root) or ""
-    changed = sorted(line[3:] for line in status.splitlines() if line.strip())
-    diff = (command_output(["git", "diff", "HEAD", "--binary"], root) or "").encode()
+    changed = _status_paths(root, None)
+    definition = stage_definition(root, stage) if stage else None
+    if definition is None:
+        decisive, dirty_files = None, changed
+    else:
+        decisive, sections = definition
+        dirty_files = _status_paths(root, decisive) + _params_sections_changed(root, sections)
+    diff = (command_output(["git", "diff", "HEAD", "--binary", "--", *(decisive or [])], root) or "").encode()
     return {
         "available": True,
         "commit": commit.strip(),
         "branch": (command_output(["git", "rev-parse", "--abbrev-ref", "HEAD"], root) or "").strip(),
-        "dirty": bool(changed),
+        "dirty": bool(dirty_files),
+        "dirty_files": dirty_files,
         "changed_files": changed,
-        # Untracked files are listed above; the diff hash covers changes to tracked files.
+        # Over the same tracked paths as `dirty`: with the commit, it names the exact code.
         "diff_sha256": hashlib.sha256(diff).hexdigest() if diff else None,
     }
 
@@ -174,13 +234,18 @@ class StageRun:
     command: str = field(default_factory=lambda: shlex.join([Path(sys.executable).name, *sys.argv]))
     inputs: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)
+    # Stage-specific facts worth keeping with the run (e.g. what identifies convert's converter).
+    details: dict[str, Any] = field(default_factory=dict)
     _started: str | None = None
     _ended: str | None = None
     _t0: float = 0.0
     _duration: float | None = None
+    _git: dict[str, Any] | None = None
 
     def __enter__(self) -> StageRun:
         self._started, self._t0 = _now(), time.monotonic()
+        # Taken before the stage writes anything: the code and params it is about to run with.
+        self._git = git_state(self.root, self.stage)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -203,10 +268,11 @@ class StageRun:
             "params": self.params,
             "inputs_sha256": dict(sorted(self.inputs.items())),
             "outputs_sha256": dict(sorted(self.outputs.items())),
+            "details": self.details,
             "started_at": self._started,
             "ended_at": self._ended,
             "duration_s": self._duration,
-            "git": git_state(self.root),
+            "git": self._git if self._git is not None else git_state(self.root, self.stage),
             "environment": environment_state(self.root),
             "accelerator": accelerator_state(),
             "host": host_state(),

@@ -47,7 +47,8 @@ class Run:
             "duration_s": self.record.get("duration_s"),
             "commit": git.get("commit"),
             "dirty": git.get("dirty"),
-            "changed_files": len(git.get("changed_files", [])),
+            # Records before dirty_files existed counted every changed file of the checkout.
+            "changed_files": len(git.get("dirty_files", git.get("changed_files", []))),
             "host": host.get("hostname"),
             "device": acc.get("device"),
             "gpus": [g.get("name") for g in gpus],
@@ -219,7 +220,7 @@ def _run_link(stage: str, run: Run | None, missing: str) -> dict[str, Any]:
 
 def _describe_run(link: dict[str, Any]) -> str:
     commit = (link.get("commit") or "?")[:12]
-    dirty = f" +{link['changed_files']} uncommitted" if link.get("dirty") else ""
+    dirty = f" +{link['changed_files']} uncommitted code/params" if link.get("dirty") else ""
     device = ", ".join(link["gpus"]) if link.get("gpus") else link.get("device") or "?"
     where = "" if link.get("record") == "working tree" else f" [record from {link['record'][:19]}]"
     return f"{link['started_at']}  commit {commit}{dirty}  on {link.get('host')} ({device}){where}"
