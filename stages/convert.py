@@ -12,7 +12,7 @@ from common import fail, load_config, setup_logging
 from tqdm import tqdm
 
 from policypipe.atomic import write_json_atomic
-from policypipe.dataset.convert import DatasetError, convert_dataset
+from policypipe.dataset.convert import DatasetError, convert_dataset, converter_identity
 from policypipe.dataset.fingerprint import fingerprint
 from policypipe.lineage.provenance import StageRun
 from policypipe.recordings.episode import ConvertConfig
@@ -56,6 +56,8 @@ def main() -> None:
         # The logical hash every later stage names the dataset by (`policypipe lineage` links on it).
         digest = fingerprint(args.out).digest
     run.add_inputs([args.manifest])
+    # The conversion cache's key besides recordings and params: the exact converter code and libraries.
+    run.details["converter"] = converter_identity()
     run.add_outputs([args.out, args.metrics, args.report])
     run.outputs[args.out.as_posix() + "#fingerprint"] = digest
     run.write(args.provenance)

@@ -1,8 +1,11 @@
 """The `convert` step: paired recordings -> one zarr dataset on the camera clock.
 
 Each recording is converted in a worker process into a content-addressed cache entry (key:
-the `_vio.mcap` SHA-256, the conversion params and the converter version), so adding
-recordings re-decodes only the new ones. The store is then assembled from the cache, episode
+the `_vio.mcap` SHA-256, the conversion params, a hash of the converter's source files and
+the versions of the libraries that decide its pixels and numbers), so adding recordings
+re-decodes only the new ones, and any change to the converter or those libraries re-decodes
+everything. One recording that fails, in whatever way, is excluded with its reason; a full
+disk stops the stage with the path and the space needed, and leaves no temporary file. The store is then assembled from the cache, episode
 by episode in manifest order, under a temporary name, and renamed into place: the result is
 byte-identical whatever the number of workers, and a killed run leaves the previous store or
 none. Memory holds one episode and one shard of frames at a time.
@@ -10,12 +13,16 @@ none. Memory holds one episode and one shard of frames at a time.
 
 from __future__ import annotations
 
+import errno
+import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 import multiprocessing
 import os
 import shutil
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -31,17 +38,63 @@ from policypipe.atomic import canonical_json, write_bytes_atomic
 from policypipe.dataset import layout
 from policypipe.dataset.frame_shards import FrameShardWriter, create_frames_array
 from policypipe.dataset.image_codec import encode_jpeg
+from policypipe.lineage.code import module_code_sha256
 from policypipe.recordings.episode import ConvertConfig, Episode, build_episode
 from policypipe.recordings.streams import RecordingError, read_streams
 
 log = logging.getLogger(__name__)
 
-# Bump whenever the same inputs and params would convert to different bytes.
-CONVERTER_VERSION = 2
+# Distributions whose versions decide the converted pixels and numbers: decoders (OpenCV's
+# bundled libjpeg/libpng, PyAV's FFmpeg), parsers (mcap, protobuf and the Foxglove schemas),
+# interpolation (NumPy, SciPy) and the cache's own format (NumPy's npz). zarr writes the store.
+DECISIVE_DISTRIBUTIONS = (
+    "numpy", "scipy", "opencv-python-headless", "av", "zarr", "mcap", "protobuf", "foxglove-schemas-protobuf",
+)
 
 
 class DatasetError(Exception):
     """The dataset cannot be built as configured; the message says what to change."""
+
+
+class DiskFullError(DatasetError):
+    """No space left while writing `path`; `needed` bytes is what the write in hand needed."""
+
+    def __init__(self, path: str, needed: int, frames: int) -> None:
+        super().__init__(path, needed, frames)  # as args, so it crosses the process pool intact
+        self.path, self.needed, self.frames = path, needed, frames
+
+    def __str__(self) -> str:
+        return f"no space left on the device writing {self.path} ({_mb(self.needed)} needed for it)"
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def converter_identity() -> dict[str, Any]:
+    """What, besides the recording and the params, decides a converted episode's bytes."""
+    import av
+    import cv2
+
+    return {
+        "code_sha256": module_code_sha256(__name__),
+        "libraries": {name: _distribution_version(name) for name in DECISIVE_DISTRIBUTIONS},
+        # What is actually loaded: another OpenCV wheel or an FFmpeg build can sit under one name.
+        "opencv": cv2.__version__,
+        "ffmpeg": {lib: ".".join(map(str, v)) for lib, v in sorted(av.library_versions.items())},
+    }
+
+
+def converter_digest() -> str:
+    return hashlib.sha256(canonical_json(converter_identity())).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -78,7 +131,7 @@ def conversion_params(config: ConvertConfig) -> dict[str, Any]:
 
 
 def cache_key(rec: RecordingInput, config: ConvertConfig) -> str:
-    blob = canonical_json({"converter": CONVERTER_VERSION, "vio_sha256": rec.vio_sha256, "params": conversion_params(config)})
+    blob = canonical_json({"converter": converter_digest(), "vio_sha256": rec.vio_sha256, "params": conversion_params(config)})
     return hashlib.sha256(blob).hexdigest()
 
 
@@ -86,7 +139,13 @@ def cache_key(rec: RecordingInput, config: ConvertConfig) -> str:
 
 
 def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Path) -> dict[str, Any]:
-    """Converts one recording into the cache (unless it is there) and returns its record."""
+    """Converts one recording into the cache (unless it is there) and returns its record.
+
+    Never raises for what one recording contains: a RecordingError is a verdict on the data
+    and is cached; any other exception (a decoder or library failure on input nobody
+    foresaw) excludes the recording with the exception's last traceback line and is not
+    cached, so a fixed converter tries again. Only a full disk stops the stage.
+    """
     key = cache_key(rec, config)
     record_path = cache_dir / f"{key}.json"
     if record_path.is_file():
@@ -96,6 +155,8 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
         episode = build_episode(read_streams(rec.vio_path, config.topics), config)
     except RecordingError as exc:
         record |= {"excluded": exc.reason, "detail": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - one recording must never stop the others
+        return record | _unexpected_failure(rec, exc)
     else:
         if rec.expected_frames is not None and rec.expected_frames != episode.frames_in:
             episode.warnings.append(
@@ -114,8 +175,29 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
     # The record is written last: its presence means the entry is complete. It is returned as
     # read back, so a fresh and a cached conversion give the same attributes, key order included.
     blob = canonical_json(record)
-    write_bytes_atomic(record_path, blob)
+    _write_cache_file(record_path, blob, frames=record.get("frames", 0))
     return json.loads(blob)
+
+
+def _unexpected_failure(rec: RecordingInput, exc: Exception) -> dict[str, Any]:
+    log.error("%s: conversion failed unexpectedly", rec.vio_path, exc_info=exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    last_line = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return {"excluded": "converter_error", "detail": f"{last_line}{where}; please report it with this recording"}
+
+
+def _is_disk_full(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _write_cache_file(path: Path, blob: bytes, frames: int) -> None:
+    try:
+        write_bytes_atomic(path, blob)
+    except OSError as exc:
+        if _is_disk_full(exc):
+            raise DiskFullError(str(path), len(blob), frames) from None
+        raise
 
 
 def _save_arrays(path: Path, episode: Episode, jpeg_quality: int) -> None:
@@ -124,19 +206,26 @@ def _save_arrays(path: Path, episode: Episode, jpeg_quality: int) -> None:
     encoded = [encode_jpeg(frame, jpeg_quality) for frame in episode.rgb]
     offsets = np.concatenate([[0], np.cumsum([len(e) for e in encoded])]).astype(np.int64)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        np.savez(
-            f,
-            jpeg=np.frombuffer(b"".join(encoded), dtype=np.uint8),
-            jpeg_offsets=offsets,
-            eef_pos=episode.eef_pos,
-            eef_rot=episode.eef_rot_axis_angle,
-            width=episode.gripper_width,
-            capture_ns=episode.capture_ns,
-        )
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(
+                f,
+                jpeg=np.frombuffer(b"".join(encoded), dtype=np.uint8),
+                jpeg_offsets=offsets,
+                eef_pos=episode.eef_pos,
+                eef_rot=episode.eef_rot_axis_angle,
+                width=episode.gripper_width,
+                capture_ns=episode.capture_ns,
+            )
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and _is_disk_full(exc):
+            needed = int(offsets[-1]) + 64 * len(episode.capture_ns)  # frames plus low-dim rows
+            raise DiskFullError(str(path), needed, len(episode.capture_ns)) from None
+        raise
 
 
 def _load_arrays(cache_dir: Path, key: str) -> dict[str, np.ndarray]:
@@ -163,7 +252,31 @@ def _convert_all(
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_worker_init) as pool:
         futures = [pool.submit(convert_recording, r, config, cache_dir) for r in inputs]
-        return [_report(progress, f.result()) for f in futures]
+        try:
+            return [_report(progress, f.result()) for f in futures]
+        except DiskFullError:
+            # Recordings not started yet never start; running ones fail on the same disk and
+            # remove their own temporary files before the pool is left.
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+
+
+def _convert_all_or_disk_full(
+    inputs: list[RecordingInput], config: ConvertConfig, cache_dir: Path, progress: Callable[[dict], None] | None
+) -> list[dict[str, Any]]:
+    try:
+        return _convert_all(inputs, config, cache_dir, progress)
+    except DiskFullError as exc:
+        # Scale what the failed entry needed to every recording not converted yet.
+        per_frame = exc.needed / exc.frames if exc.frames else exc.needed
+        todo = [r for r in inputs if not (cache_dir / f"{cache_key(r, config)}.json").is_file()]
+        frames = sum(r.expected_frames or exc.frames or 1 for r in todo)
+        raise DatasetError(
+            f"{exc}. The conversion cache needs about {_mb(per_frame * frames)} more for the {len(todo)} "
+            f"recording(s) not converted yet, and {cache_dir} has {_mb(shutil.disk_usage(cache_dir).free)} free. "
+            "Free space there or point convert's --cache (dvc.yaml) at a larger disk, then run again: "
+            "recordings already converted are kept."
+        ) from None
 
 
 def _report(progress: Callable[[dict], None] | None, record: dict) -> dict:
@@ -216,9 +329,9 @@ def convert_dataset(
     inputs = recordings_from_manifest(manifest, Path(export_root))
     if not inputs:
         raise DatasetError(f"{manifest_path} lists no recordings: nothing to convert (see the pair stage's report)")
-    cache_dir = _versioned_cache(Path(cache_dir))
+    cache_dir = _current_cache(Path(cache_dir))
 
-    records = _convert_all(inputs, config, cache_dir, progress)
+    records = _convert_all_or_disk_full(inputs, config, cache_dir, progress)
     episodes = [r for r in records if "excluded" not in r]
     excluded = [r for r in records if "excluded" in r]
     if not episodes:
@@ -238,11 +351,12 @@ def convert_dataset(
     )
 
 
-def _versioned_cache(cache_root: Path) -> Path:
-    """This converter version's cache folder; entries of other versions can never be hit again."""
-    current = cache_root / f"v{CONVERTER_VERSION}"
+def _current_cache(cache_root: Path) -> Path:
+    """The cache folder of this converter (code and libraries); other converters' entries can
+    never be hit again, so their folders are removed."""
+    current = cache_root / converter_digest()[:16]
     if cache_root.is_dir():
-        for other in cache_root.glob("v*"):
+        for other in cache_root.iterdir():
             if other != current and other.is_dir():
                 shutil.rmtree(other, ignore_errors=True)
     current.mkdir(parents=True, exist_ok=True)
@@ -298,6 +412,24 @@ def _assemble(
     tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
     for stale in out_path.parent.glob(f".{out_path.name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)  # left by a killed run
+    try:
+        _write_store(tmp, episodes, cache_dir, config, frequency)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and _is_disk_full(exc):
+            needed = sum((cache_dir / f"{ep['key']}.npz").stat().st_size for ep in episodes)
+            raise DatasetError(
+                f"no space left on the device writing the dataset {out_path}: it needs about {_mb(needed)}, "
+                f"and {out_path.parent} has {_mb(shutil.disk_usage(out_path.parent).free)} free. Free space there "
+                "and run again (the conversion cache is kept; the previous dataset, if any, is untouched)."
+            ) from None
+        raise
+    _replace_dir(tmp, out_path)
+
+
+def _write_store(
+    tmp: Path, episodes: list[dict[str, Any]], cache_dir: Path, config: ConvertConfig, frequency: float
+) -> None:
     total = sum(ep["frames"] for ep in episodes)
     w, h = config.image_size
 
@@ -340,7 +472,6 @@ def _assemble(
             layout.ATTRS_EPISODES: [{k: v for k, v in ep.items() if k != "key"} for ep in episodes],
         }
     )
-    _replace_dir(tmp, out_path)
 
 
 def _replace_dir(tmp: Path, out_path: Path) -> None:
