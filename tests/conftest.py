@@ -15,8 +15,9 @@ SHARED = Path(os.environ.get("POLICYPIPE_SHARED", REPO_ROOT.parent / "shared"))
 MCAP_SAMPLES = SHARED / "mcap-samples"
 
 
-def write_tiny_mcap(path: Path, messages: int = 3) -> Path:
-    """A small but real MCAP file (one JSON channel), written by the mcap library."""
+def write_tiny_mcap(path: Path, messages: int = 3, tag: str = "") -> Path:
+    """A small but real MCAP file (one JSON channel), written by the mcap library; `tag` goes
+    into every message, so files with different tags have different bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
         writer = Writer(f, compression=CompressionType.ZSTD)
@@ -25,7 +26,7 @@ def write_tiny_mcap(path: Path, messages: int = 3) -> Path:
         channel = writer.register_channel("/tick", "json", schema)
         for i in range(messages):
             t = 1_700_000_000_000_000_000 + i * 10_000_000
-            writer.add_message(channel, log_time=t, publish_time=t, data=json.dumps({"i": i}).encode())
+            writer.add_message(channel, log_time=t, publish_time=t, data=json.dumps({"i": i, "tag": tag}).encode())
         writer.finish()
     return path
 
@@ -45,11 +46,12 @@ def write_status(path: Path, stem: str, **overrides) -> Path:
 
 
 def write_triplet(folder: Path, stem: str, **status_overrides) -> list[Path]:
-    """The three files of one good recording."""
+    """The three files of one good recording; its MCAPs are its own bytes (pair keeps one of
+    several recordings whose `_vio.mcap` files are identical)."""
     folder.mkdir(parents=True, exist_ok=True)
     return [
-        write_tiny_mcap(folder / f"{stem}.mcap"),
-        write_tiny_mcap(folder / f"{stem}_vio.mcap"),
+        write_tiny_mcap(folder / f"{stem}.mcap", tag=stem),
+        write_tiny_mcap(folder / f"{stem}_vio.mcap", tag=stem),
         write_status(folder / f"{stem}_vio.json", stem, **status_overrides),
     ]
 

@@ -9,6 +9,7 @@ import pytest
 
 from policypipe.atomic import canonical_json
 from policypipe.lineage.hashing import sha256_file
+from policypipe.recordings.layout import MAX_STATUS_BYTES
 from policypipe.recordings.pairing import PairConfig, Reason, pair_export
 from tests.conftest import MCAP_SAMPLES, write_tiny_mcap, write_triplet
 
@@ -246,3 +247,129 @@ def test_sample_export_every_defect_rejected_with_its_reason_and_nothing_else(tm
     assert [r.stem for r in lenient.recordings if r.truncated] == [
         PurePosixPath(sample.defects["truncated_vio"][0]).name.split("_vio")[0].removesuffix(".mcap")
     ]
+
+
+# --- exports that used to crash `pair` (issue 11): each is one rejection, the rest pairs as before
+
+
+def test_names_that_are_not_utf8_are_rejected_with_an_escaped_path_and_the_report_is_json(export: Path) -> None:
+    write_triplet(export / "s1", "good")
+    raw_export = os.fsencode(export)
+    with open(os.path.join(raw_export, b"bad\xffname.mcap"), "wb") as f:
+        f.write(b"x")
+    bad_folder = os.path.join(raw_export, b"session\xfe")
+    os.mkdir(bad_folder)
+    write_triplet(Path(os.fsdecode(bad_folder)), "inside")  # the folder is rejected as one entry
+
+    result = pair_export(export, CONFIG)
+
+    assert [r.stem for r in result.recordings] == ["good"]
+    assert reasons(result) == {"bad\\xffname.mcap": "name_not_utf8", "session\\xfe": "name_not_utf8"}
+    assert all("not valid UTF-8" in r.detail and "rename" in r.detail for r in result.rejections)
+    for document in (result.manifest(), result.report(), result.metrics()):
+        json.loads(canonical_json(document))
+    assert result.metrics()["files_seen"] == 3 + 2
+
+
+def test_symlink_loops_and_links_to_an_enclosing_folder_are_rejected_not_walked(export: Path) -> None:
+    write_triplet(export / "s1", "good")
+    os.symlink("b_vio.mcap", export / "a_vio.mcap")
+    os.symlink("a_vio.mcap", export / "b_vio.mcap")
+    os.symlink(".", export / "s1" / "here")
+    os.symlink("..", export / "s1" / "up")  # the export itself
+    os.symlink("../..", export / "s1" / "above")  # the folder holding the export
+
+    result = pair_export(export, CONFIG)
+
+    assert [r.stem for r in result.recordings] == ["good"]
+    assert reasons(result) == {
+        "a_vio.mcap": "symlink_loop",
+        "b_vio.mcap": "symlink_loop",
+        "s1/above": "symlink_loop",
+        "s1/here": "symlink_loop",
+        "s1/up": "symlink_loop",
+    }
+    assert all("loop" in r.detail for r in result.rejections)
+    assert result.metrics()["files_seen"] == 3 + 5
+
+
+def test_status_json_nested_too_deeply_to_parse_is_invalid_json(export: Path) -> None:
+    write_triplet(export, "good")
+    write_triplet(export, "r")
+    (export / "r_vio.json").write_text("[" * 100_000)
+
+    result = pair_export(export, CONFIG)
+
+    assert [r.stem for r in result.recordings] == ["good"]
+    assert reasons(result) == {"r.mcap": "invalid_json", "r_vio.mcap": "invalid_json", "r_vio.json": "invalid_json"}
+    assert all("nested too deeply" in r.detail for r in result.rejections)
+
+
+def test_status_json_over_the_size_limit_is_rejected_even_when_valid(export: Path) -> None:
+    write_triplet(export, "good")
+    write_triplet(export, "r")
+    path = export / "r_vio.json"
+    text = path.read_text()
+    path.write_text(text + " " * (MAX_STATUS_BYTES + 1 - len(text)))  # trailing blanks: still valid JSON
+
+    result = pair_export(export, CONFIG)
+
+    assert [r.stem for r in result.recordings] == ["good"]
+    assert reasons(result) == {"r.mcap": "too_large", "r_vio.mcap": "too_large", "r_vio.json": "too_large"}
+    assert all(f"{MAX_STATUS_BYTES} bytes" in r.detail for r in result.rejections)
+
+
+def test_only_documented_status_fields_of_the_documented_type_reach_the_manifest(export: Path) -> None:
+    documented = {
+        "started_at": "2026-11-03T09:12:44Z",
+        "finished_at": "2026-11-03T09:14:02Z",
+        "studio_version": "2.4.1",
+    }
+    write_triplet(export, "r", **documented, frames=[1, 2], comment="x" * 10_000, nested={"a": [[[1]]]})
+
+    result = pair_export(export, CONFIG)
+
+    assert [r.stem for r in result.recordings] == ["r"]
+    assert result.manifest()["recordings"][0]["status"] == {
+        "source": "r.mcap",
+        "output": "r_vio.mcap",
+        "status": "success",
+        "error": None,
+        "task": "pick_place",
+        **documented,
+    }  # `frames` is not a count: left out, so `convert` has no wrong number to check against
+
+
+def test_recordings_with_identical_vio_bytes_keep_the_first_stem_and_reject_the_others(export: Path) -> None:
+    write_triplet(export, "rec_a")
+    original = write_triplet(export / "s1", "rec_m")[1]
+    write_triplet(export / "s2", "rec_c")
+    shutil.copyfile(original, export / "s2" / "rec_c_vio.mcap")  # a copy, first in stem order: kept
+    write_triplet(export / "s2", "rec_x")
+    (export / "s2" / "rec_x_vio.mcap").unlink()
+    os.link(original, export / "s2" / "rec_x_vio.mcap")
+    write_triplet(export / "s2", "rec_y")
+    (export / "s2" / "rec_y_vio.mcap").unlink()
+    os.symlink("../s1/rec_m_vio.mcap", export / "s2" / "rec_y_vio.mcap")
+
+    result = pair_export(export, CONFIG)
+
+    assert [r.stem for r in result.recordings] == ["rec_a", "rec_c"]
+    assert reasons(result) == {
+        f"{folder}/{stem}{suffix}": "duplicate_recording"
+        for folder, stem in (("s1", "rec_m"), ("s2", "rec_x"), ("s2", "rec_y"))
+        for suffix in (".mcap", "_vio.mcap", "_vio.json")
+    }
+    assert all("'rec_c'" in r.detail and "s2/rec_c_vio.mcap" in r.detail for r in result.rejections)
+    metrics = result.metrics()
+    assert metrics["recordings_accepted"] == 2
+    assert metrics["recording_stems_rejected"] == 3
+    assert metrics["files_rejected_by_reason"] == {"duplicate_recording": 9}
+
+
+def test_a_named_pipe_is_rejected_without_blocking_the_walk(export: Path) -> None:
+    write_triplet(export, "good")
+    os.mkfifo(export / "stream_vio.mcap")
+    result = pair_export(export, CONFIG)
+    assert [r.stem for r in result.recordings] == ["good"]
+    assert reasons(result)["stream_vio.mcap"] == "unreadable"

@@ -16,6 +16,21 @@ STATUS_SUFFIX = "_vio.json"
 
 STATUS_REQUIRED_KEYS = ("source", "output", "status")
 STATUS_SUCCESS = "success"
+# The documented fields of `S_vio.json` and the JSON types each may hold. Only these reach the
+# manifest: whatever else a status file carries is not ours to pass downstream.
+STATUS_FIELDS: dict[str, tuple[type, ...]] = {
+    "source": (str,),
+    "output": (str,),
+    "status": (str,),
+    "error": (str, type(None)),
+    "task": (str, type(None)),
+    "frames": (int, type(None)),
+    "started_at": (str, type(None)),
+    "finished_at": (str, type(None)),
+    "studio_version": (str, type(None)),
+}
+# A real status file is a few hundred bytes; anything past this is not one, and is not read.
+MAX_STATUS_BYTES = 1_000_000
 
 MCAP_MAGIC = b"\x89MCAP0\r\n"
 _OP_HEADER = 0x01

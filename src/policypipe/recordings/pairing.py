@@ -9,16 +9,21 @@ and on a server.
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import logging
 import os
+import stat
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from policypipe.lineage.hashing import sha256_files, tree_digest
 from policypipe.recordings.layout import (
+    MAX_STATUS_BYTES,
+    STATUS_FIELDS,
     STATUS_REQUIRED_KEYS,
     STATUS_SUCCESS,
     McapState,
@@ -58,6 +63,7 @@ class Reason(str, enum.Enum):
     NOT_PAIRED = "not_paired"
     EMPTY = "empty"
     INVALID_JSON = "invalid_json"
+    TOO_LARGE = "too_large"
     MISSING_KEYS = "missing_keys"
     STATUS_NOT_SUCCESS = "status_not_success"
     SOURCE_NOT_IN_FOLDER = "source_not_in_folder"
@@ -66,8 +72,11 @@ class Reason(str, enum.Enum):
     NOT_MCAP = "not_mcap"
     TRUNCATED = "truncated"
     DUPLICATE_STEM = "duplicate_stem"
+    DUPLICATE_RECORDING = "duplicate_recording"
     SYMLINK_OUTSIDE_EXPORT = "symlink_outside_export"
     SYMLINK_NOT_FOLLOWED = "symlink_not_followed"
+    SYMLINK_LOOP = "symlink_loop"
+    NAME_NOT_UTF8 = "name_not_utf8"
     UNREADABLE = "unreadable"
 
 
@@ -165,6 +174,10 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
     readable: list[Path] = []
     for path in candidates:
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                # A named pipe would block the first read forever; a device is no recording.
+                rejections.append(Rejection(_rel(path, root), Reason.UNREADABLE, "not a regular file (a pipe, socket or device)"))
+                continue
             with open(path, "rb"):
                 readable.append(path)
         except OSError as exc:
@@ -202,6 +215,8 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
             for role in Role
         }
         recordings.append(Recording(stem, folder, entries, outcome.status, outcome.truncated))
+    recordings, copies = _without_copies(recordings)
+    rejections.extend(copies)
 
     rejections.sort(key=lambda r: r.path)
     log.info("paired %d recordings, rejected %d files", len(recordings), len(rejections))
@@ -214,7 +229,30 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
     )
 
 
-_WALK_REASONS = {Reason.SYMLINK_OUTSIDE_EXPORT, Reason.SYMLINK_NOT_FOLLOWED}
+_WALK_REASONS = {Reason.SYMLINK_OUTSIDE_EXPORT, Reason.SYMLINK_NOT_FOLLOWED, Reason.SYMLINK_LOOP, Reason.NAME_NOT_UTF8}
+
+
+def _without_copies(recordings: list[Recording]) -> tuple[list[Recording], list[Rejection]]:
+    """Keeps the first recording, in stem order, of those whose `_vio.mcap` bytes are identical.
+
+    A copy of a recording under another stem (or a hard or symbolic link to it) would put the
+    same demonstration into the dataset twice; which one stays must not depend on the walk.
+    """
+    kept: dict[str, Recording] = {}
+    unique: list[Recording] = []
+    rejections: list[Rejection] = []
+    for rec in recordings:  # sorted by stem
+        vio = rec.files[Role.VIO]
+        first = kept.setdefault(vio.sha256, rec)
+        if first is rec:
+            unique.append(rec)
+            continue
+        detail = (
+            f"{PurePosixPath(vio.path).name} has the same SHA-256 as {first.files[Role.VIO].path}: a copy or link of "
+            f"recording {first.stem!r}, which is kept; remove the copy"
+        )
+        rejections.extend(Rejection(entry.path, Reason.DUPLICATE_RECORDING, detail) for entry in rec.files.values())
+    return unique, rejections
 
 
 @dataclass(frozen=True)
@@ -240,29 +278,36 @@ def _check_recording(root: Path, stem: str, files: dict[Role, Path], config: Pai
         return _Rejected(Reason.EMPTY, f"{', '.join(empty)} is empty (0 bytes)")
 
     status = _read_status(files[Role.STATUS])
-    if isinstance(status, str):
-        return _Rejected(Reason.INVALID_JSON, f"{names[Role.STATUS]}: {status}")
+    if isinstance(status, _Rejected):
+        return status
     absent = [k for k in STATUS_REQUIRED_KEYS if k not in status]
     if absent:
         return _Rejected(Reason.MISSING_KEYS, f"{names[Role.STATUS]} lacks required key(s) {', '.join(absent)}")
     if status["status"] != STATUS_SUCCESS:
         error = status.get("error") or "no error text given"
-        return _Rejected(Reason.STATUS_NOT_SUCCESS, f"status {status['status']!r}: {error}")
+        error = _clip(error) if isinstance(error, str) else _quote(error)
+        return _Rejected(Reason.STATUS_NOT_SUCCESS, f"status {_quote(status['status'])}: {error}")
     for key, role in (("source", Role.RAW), ("output", Role.VIO)):
         named = status[key]
         if not isinstance(named, str):
-            return _Rejected(Reason.NAME_MISMATCH, f"{names[Role.STATUS]}: {key} is {named!r}, expected {names[role]!r}")
+            return _Rejected(
+                Reason.NAME_MISMATCH, f"{names[Role.STATUS]}: {key} is {_quote(named)}, expected {names[role]!r}"
+            )
         if PurePosixPath(named).name != named or "\\" in named:
             where = "the export" if _points_outside(root, files[Role.STATUS].parent, named) else "the recording's folder"
             return _Rejected(
                 Reason.SOURCE_NOT_IN_FOLDER,
-                f"{names[Role.STATUS]}: {key} {named!r} points outside {where}; it must name a file next to the json",
+                f"{names[Role.STATUS]}: {key} {_quote(named)} points outside {where}; it must name a file next to the json",
             )
         if named != names[role]:
-            return _Rejected(Reason.NAME_MISMATCH, f"{names[Role.STATUS]}: {key} names {named!r}, expected {names[role]!r}")
+            return _Rejected(
+                Reason.NAME_MISMATCH, f"{names[Role.STATUS]}: {key} names {_quote(named)}, expected {names[role]!r}"
+            )
     task = status.get("task")
     if config.task is not None and task is not None and task != config.task:
-        return _Rejected(Reason.OTHER_TASK, f"task {task!r}, the pipeline is configured for {config.task!r} (pair.task)")
+        return _Rejected(
+            Reason.OTHER_TASK, f"task {_quote(task)}, the pipeline is configured for {config.task!r} (pair.task)"
+        )
 
     state, detail = mcap_state(files[Role.RAW])
     if state is not McapState.COMPLETE:
@@ -275,28 +320,86 @@ def _check_recording(root: Path, stem: str, files: dict[Role, Path], config: Pai
         return _Rejected(
             Reason.TRUNCATED, f"{names[Role.VIO]}: {detail}; set pair.accept_truncated: true to convert what is readable"
         )
-    return _Accepted(status, truncated)
+    return _Accepted(_documented_fields(stem, status), truncated)
 
 
-def _read_status(path: Path) -> dict[str, Any] | str:
-    """The status json as a dict, or a sentence saying why it is not valid."""
+def _read_status(path: Path) -> dict[str, Any] | _Rejected:
+    """The status json as a dict, or why it is not a valid one."""
+
+    def invalid(why: str) -> _Rejected:
+        return _Rejected(Reason.INVALID_JSON, f"{path.name}: {why}")
 
     def reject_constant(name: str) -> None:
         raise ValueError(f"{name} is not valid JSON")
 
+    # One byte past the limit is enough to know; a huge file is never read whole.
+    with open(path, "rb") as f:
+        data = f.read(MAX_STATUS_BYTES + 1)
+        size = os.fstat(f.fileno()).st_size
+    if len(data) > MAX_STATUS_BYTES:
+        return _Rejected(
+            Reason.TOO_LARGE,
+            f"{path.name} is {size} bytes, over the {MAX_STATUS_BYTES} bytes a status file may have: not read "
+            "(the studio writes a few hundred)",
+        )
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return f"not UTF-8 text (byte {exc.start})"
+        return invalid(f"not UTF-8 text (byte {exc.start})")
     try:
         value = json.loads(text, parse_constant=reject_constant)
     except json.JSONDecodeError as exc:
-        return f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        return invalid(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}")
     except ValueError as exc:
-        return f"invalid JSON: {exc}"
+        return invalid(f"invalid JSON: {exc}")
+    except RecursionError:
+        # The parser recurses once per nesting level: `[[[[...` exhausts the stack before any error.
+        return invalid("invalid JSON: arrays or objects nested too deeply to parse")
     if not isinstance(value, dict):
-        return f"invalid JSON: expected an object, got {type(value).__name__}"
+        return invalid(f"invalid JSON: expected an object, got {type(value).__name__}")
     return value
+
+
+def _documented_fields(stem: str, status: dict[str, Any]) -> dict[str, Any]:
+    """The status fields the manifest carries: the documented ones, when of the documented type.
+
+    Anything else in the file (extra keys, a nested object where a text belongs) stays out:
+    the manifest is hashed and read downstream, and must not carry what the studio never promised.
+    """
+    fields: dict[str, Any] = {}
+    for key, types in STATUS_FIELDS.items():
+        if key not in status:
+            continue
+        value = status[key]
+        # A JSON true is an int to Python, but it is no frame count.
+        if isinstance(value, types) and not isinstance(value, bool):
+            fields[key] = value
+        else:
+            log.warning("%s: status field %r is %s, of the wrong type: not in the manifest", stem, key, _quote(value))
+    undocumented = len(status.keys() - STATUS_FIELDS.keys())
+    if undocumented:
+        log.debug("%s: %d undocumented status field(s) not copied into the manifest", stem, undocumented)
+    return fields
+
+
+# A status value quoted in a report detail is cut to this: the report is read by people, and a
+# status file may hold anything up to MAX_STATUS_BYTES.
+_QUOTE_MAX_CHARS = 200
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _QUOTE_MAX_CHARS:
+        return text
+    return f"{text[:_QUOTE_MAX_CHARS]}... ({len(text)} characters)"
+
+
+def _quote(value: Any) -> str:
+    """A status value as a report detail shows it: repr of a scalar, never a whole nested structure."""
+    if isinstance(value, dict):
+        return "a JSON object"
+    if isinstance(value, list):
+        return "a JSON array"
+    return _clip(repr(value))
 
 
 def _points_outside(root: Path, folder: Path, named: str) -> bool:
@@ -304,41 +407,79 @@ def _points_outside(root: Path, folder: Path, named: str) -> bool:
     return not target.is_relative_to(root)
 
 
-def _walk(root: Path):
-    """Yields (path, None, None) for every file to consider, (path, reason, detail) for links not followed."""
+def _walk(root: Path) -> Iterator[tuple[Path, Reason | None, str | None]]:
+    """Yields (path, None, None) for every file to consider, (path, reason, detail) for entries not followed.
+
+    Folder links are never walked into, so the walk ends even where links form a loop.
+    """
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
         dirnames.sort()
         for name in list(dirnames):
             path = here / name
-            if path.is_symlink():
+            if not _is_utf8(name):
                 dirnames.remove(name)
-                yield _link_rejection(root, path, "folder")
+                yield path, Reason.NAME_NOT_UTF8, _NOT_UTF8.format(kind="folder") + " to pair what it holds"
+            elif path.is_symlink():
+                dirnames.remove(name)
+                yield path, *_link_verdict(root, path, "folder")  # never None for a folder
         for name in sorted(filenames):
             path = here / name
+            if not _is_utf8(name):
+                yield path, Reason.NAME_NOT_UTF8, _NOT_UTF8.format(kind="file")
+                continue
             if path.is_symlink():
-                target = path.resolve()
-                if not target.is_relative_to(root) or not target.is_file():
-                    yield _link_rejection(root, path, "file")
+                verdict = _link_verdict(root, path, "file")
+                if verdict is not None:
+                    yield path, *verdict
                     continue
             yield path, None, None
 
 
-def _link_rejection(root: Path, path: Path, kind: str) -> tuple[Path, Reason, str]:
+_NOT_UTF8 = (
+    "{kind} name is not valid UTF-8 (its undecodable bytes are shown as \\xNN): the manifest and report are JSON "
+    "text and cannot hold it; rename it"
+)
+
+
+def _is_utf8(name: str) -> bool:
+    # os.walk hands back the bytes of a name that is not UTF-8 as lone surrogates (PEP 383).
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _link_verdict(root: Path, path: Path, kind: str) -> tuple[Reason, str] | None:
+    """Why a symbolic link is not followed; None for a link to a regular file inside the export."""
+    link = os.readlink(path)
+    try:
+        os.stat(path)  # follows the whole chain: a loop (a -> b -> a) fails here instead of spinning
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return Reason.SYMLINK_LOOP, f"symbolic link loop ({link!r} leads back to itself): it never reaches a {kind}"
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return Reason.SYMLINK_NOT_FOLLOWED, f"symbolic link to {link!r}, which does not exist"
+        return Reason.SYMLINK_NOT_FOLLOWED, f"symbolic link to {link!r}, which cannot be followed: {exc.strerror}"
     target = path.resolve()
-    if not target.exists():
-        return path, Reason.SYMLINK_NOT_FOLLOWED, f"symbolic link to {os.readlink(path)!r}, which does not exist"
+    if kind == "folder" and path.parent.is_relative_to(target):
+        return Reason.SYMLINK_LOOP, f"symbolic link to {link!r}, a folder that contains it: a loop, not followed"
     if not target.is_relative_to(root):
-        return path, Reason.SYMLINK_OUTSIDE_EXPORT, (
-            f"symbolic link leading outside the export ({os.readlink(path)!r}): not followed; copy the file in instead"
+        return Reason.SYMLINK_OUTSIDE_EXPORT, (
+            f"symbolic link leading outside the export ({link!r}): not followed; copy the file in instead"
         )
-    return path, Reason.SYMLINK_NOT_FOLLOWED, (
+    if kind == "file" and target.is_file():
+        return None
+    return Reason.SYMLINK_NOT_FOLLOWED, (
         f"symbolic link to a {kind} inside the export: not followed, its files would be listed twice"
     )
 
 
 def _rel(path: Path, root: Path) -> str:
-    rel = path.relative_to(root).as_posix()
+    """The export-relative POSIX path, always JSON text: bytes of a name that is not UTF-8 (only
+    ever in a rejected entry) are written as \\xNN."""
+    rel = os.fsencode(path.relative_to(root).as_posix()).decode("utf-8", "backslashreplace")
     return "." if rel == "" else rel
 
 
