@@ -1,19 +1,30 @@
-"""Reading the streams of a _vio.mcap: topic mapping from params, other pose schemas."""
+"""Reading the streams of a _vio.mcap: topic mapping from params, other pose schemas, camera topic
+candidates, and damaged files (bad messages, damaged chunks) that lose only what is damaged."""
 
 from __future__ import annotations
 
+import json
+import logging
+from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
+from foxglove_schemas_protobuf.CompressedImage_pb2 import CompressedImage
 from foxglove_schemas_protobuf.FrameTransform_pb2 import FrameTransform
 from foxglove_schemas_protobuf.PoseInFrame_pb2 import PoseInFrame
-from mcap.reader import make_reader
-from mcap.writer import Writer
+from mcap.data_stream import ReadDataStream
+from mcap.reader import NonSeekingReader, make_reader
+from mcap.records import Chunk, ChunkIndex, Message
+from mcap.stream_reader import breakup_chunk
+from mcap.writer import CompressionType, IndexType, Writer
 from mcap_protobuf.schema import build_file_descriptor_set
 
-from policypipe.recordings.streams import RecordingError, Topics, read_streams
+from policypipe.config import ConfigError, from_mapping
+from policypipe.recordings.streams import RecordingError, Streams, Topics, read_streams
 from policypipe.recordings.sample import StreamTiming, plan_motion, write_vio_mcap
+from tests.conftest import MCAP_SAMPLES
 
 START_NS = 1_762_160_000_000_000_000
 
@@ -82,3 +93,382 @@ def test_capture_times_come_from_the_messages_not_log_time(recording: Path) -> N
     assert len(log_times) == len(streams.camera_ns)
     assert not np.array_equal(np.asarray(log_times), streams.camera_ns)
     assert streams.camera_format == "jpeg" and streams.truncated is None
+
+
+# ---------------------------------------------------------------- damaged files (issue 11)
+#
+# Real MCAP files: a recording written by the simulator, its messages copied with the mcap
+# Writer (small chunks, so a file has many), then damaged by editing bytes on disk.
+
+
+class Item(NamedTuple):
+    """One message to write: its channel (by topic) and its bytes."""
+
+    topic: str
+    schema_name: str
+    schema_encoding: str
+    schema_data: bytes
+    message_encoding: str
+    log_time: int
+    data: bytes
+
+
+def read_items(path: Path) -> list[Item]:
+    """Every message of a file, in file order."""
+    with open(path, "rb") as f:
+        return [
+            Item(c.topic, s.name, s.encoding, s.data, c.message_encoding, m.log_time, m.data)
+            for s, c, m in NonSeekingReader(f).iter_messages(log_time_order=False)
+        ]
+
+
+def write_items(
+    path: Path,
+    items: list[Item],
+    *,
+    chunk_size: int = 8 * 1024,
+    compression: CompressionType = CompressionType.ZSTD,
+    index_types: IndexType = IndexType.ALL,
+    summary: bool = True,
+) -> Path:
+    """The items in this order, with the mcap Writer: chunked, and (by default) a summary with
+    chunk and message indexes, repeated channels and statistics, and chunk CRCs."""
+    with open(path, "wb") as f:
+        writer = Writer(
+            f,
+            chunk_size=chunk_size,
+            compression=compression,
+            index_types=index_types if summary else IndexType.NONE,
+            repeat_channels=summary,
+            repeat_schemas=summary,
+            use_statistics=summary,
+            use_summary_offsets=summary,
+        )
+        writer.start(profile="", library="policypipe-tests")
+        channels: dict[str, int] = {}
+        for item in items:
+            if item.topic not in channels:
+                schema = writer.register_schema(item.schema_name, item.schema_encoding, item.schema_data)
+                channels[item.topic] = writer.register_channel(item.topic, item.message_encoding, schema)
+            writer.add_message(channels[item.topic], log_time=item.log_time, publish_time=item.log_time, data=item.data)
+        writer.finish()
+    return path
+
+
+def flip_bytes(path: Path, offset: int, count: int = 8) -> None:
+    """Inverts `count` bytes from `offset` in place: damage a transfer or a disk leaves."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        data = f.read(count)
+        f.seek(offset)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+def chunk_contents(path: Path) -> list[tuple[ChunkIndex, list[tuple[str, bytes]]]]:
+    """Per chunk, in file order: its index and its messages as (topic, data)."""
+    with open(path, "rb") as f:
+        summary = make_reader(f).get_summary()
+        out = []
+        for index in sorted(summary.chunk_indexes, key=lambda c: c.chunk_start_offset):
+            f.seek(index.chunk_start_offset + 1 + 8)  # past the opcode and the record length
+            records = breakup_chunk(Chunk.read(ReadDataStream(f)))
+            out.append((index, [(summary.channels[r.channel_id].topic, r.data) for r in records if isinstance(r, Message)]))
+    return out
+
+
+def chunk_data_offset(index: ChunkIndex) -> int:
+    """Where a chunk's (compressed) records start: after opcode, length, start and end times,
+    uncompressed size, CRC, compression name and records length."""
+    return index.chunk_start_offset + 1 + 8 + 8 + 8 + 8 + 4 + 4 + len(index.compression) + 8
+
+
+def capture_ns(topic: str, data: bytes) -> int:
+    if topic == "/camera0/image":
+        return CompressedImage.FromString(data).timestamp.ToNanoseconds()
+    if topic == "/vio/pose":
+        return PoseInFrame.FromString(data).timestamp.ToNanoseconds()
+    return json.loads(data)["stamp_ns"]
+
+
+STREAM_OF = {"/camera0/image": "camera", "/vio/pose": "pose", "/gripper/width": "width"}
+
+
+def expected_without(chunks, damaged: set[int]) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """Capture times per stream in the chunks that are not damaged, and the message counts per
+    stream of those that are (only nonzero)."""
+    kept: dict[str, list[int]] = {name: [] for name in STREAM_OF.values()}
+    lost: Counter[str] = Counter()
+    for i, (_, messages) in enumerate(chunks):
+        for topic, data in messages:
+            if i in damaged:
+                lost[STREAM_OF[topic]] += 1
+            else:
+                kept[STREAM_OF[topic]].append(capture_ns(topic, data))
+    return kept, dict(lost)
+
+
+def assert_kept(streams, kept: dict[str, list[int]]) -> None:
+    assert streams.camera_ns.tolist() == kept["camera"]
+    assert streams.pose_ns.tolist() == kept["pose"]
+    assert streams.width_ns.tolist() == kept["width"]
+
+
+@pytest.fixture(scope="module")
+def items(recording: Path) -> list[Item]:
+    return read_items(recording)
+
+
+def with_camera_at(recording_items: list[Item], index: int) -> int:
+    """The index of the `index`-th camera message."""
+    return [i for i, it in enumerate(recording_items) if it.topic == "/camera0/image"][index]
+
+
+@pytest.mark.parametrize(
+    ("compression", "where"),
+    [
+        (CompressionType.ZSTD, "records"),
+        (CompressionType.LZ4, "records"),
+        (CompressionType.NONE, "records"),
+        (CompressionType.ZSTD, "compressed stream"),
+        (CompressionType.LZ4, "compressed stream"),
+        (CompressionType.ZSTD, "record length"),
+    ],
+)
+def test_a_damaged_chunk_is_skipped_and_counted_and_every_other_chunk_is_kept(
+    items: list[Item], tmp_path: Path, caplog, compression: CompressionType, where: str
+) -> None:
+    path = write_items(tmp_path / "r_vio.mcap", items, compression=compression)
+    chunks = chunk_contents(path)
+    assert len(chunks) >= 6
+    # A chunk in the middle that holds messages of all three streams.
+    middle = next(
+        i for i in range(len(chunks) // 2, len(chunks)) if {STREAM_OF[t] for t, _ in chunks[i][1]} == {"camera", "pose", "width"}
+    )
+    index = chunks[middle][0]
+    if where == "records":  # bytes in the middle of the (compressed) records
+        flip_bytes(path, index.chunk_start_offset + index.chunk_length // 2)
+    elif where == "compressed stream":  # the compressor's own frame: it cannot decompress
+        flip_bytes(path, chunk_data_offset(index) + 8, 4)
+    else:  # the record's length field: the chunk's framing itself
+        flip_bytes(path, index.chunk_start_offset + 3, 4)
+    kept, lost = expected_without(chunks, {middle})
+
+    with caplog.at_level(logging.WARNING, logger="policypipe.recordings.streams"):
+        streams = read_streams(path, Topics())
+
+    assert streams.truncated is None
+    assert_kept(streams, kept)
+    assert streams.lost == lost and set(lost) == {"camera", "pose", "width"}
+    assert len(streams.camera_data) == len(kept["camera"])
+    why = {"records": "", "compressed stream": "cannot decompress", "record length": "not the chunk the index describes"}[where]
+    assert len(streams.damage) == 1 and streams.damage[0].startswith(f"chunk at byte {index.chunk_start_offset}: {why}")
+    assert streams.damage[0].endswith(f"lost {lost['camera']} camera, {lost['pose']} pose, {lost['width']} width messages")
+    if compression == CompressionType.NONE:
+        assert "CRC mismatch" in streams.damage[0]  # the bytes decompress (they are not compressed): the CRC says
+    assert any(streams.damage[0] in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_the_first_and_the_last_chunk_damaged_the_channels_come_from_the_summary(items: list[Item], tmp_path: Path) -> None:
+    # The first chunk holds the schema and channel records: the summary repeats them.
+    path = write_items(tmp_path / "r_vio.mcap", items)
+    chunks = chunk_contents(path)
+    for index, _ in (chunks[0], chunks[-1]):
+        flip_bytes(path, index.chunk_start_offset + index.chunk_length // 2, 16)
+    kept, lost = expected_without(chunks, {0, len(chunks) - 1})
+
+    streams = read_streams(path, Topics())
+
+    assert streams.truncated is None
+    assert_kept(streams, kept)
+    assert streams.lost == lost
+    assert [d.split(":")[0] for d in streams.damage] == [f"chunk at byte {c[0].chunk_start_offset}" for c in (chunks[0], chunks[-1])]
+
+
+def test_a_damaged_chunk_without_message_index_is_counted_from_the_statistics(items: list[Item], tmp_path: Path) -> None:
+    path = write_items(tmp_path / "r_vio.mcap", items, index_types=IndexType.CHUNK)
+    chunks = chunk_contents(path)
+    assert not chunks[2][0].message_index_offsets
+    flip_bytes(path, chunks[2][0].chunk_start_offset + chunks[2][0].chunk_length // 2)
+    kept, lost = expected_without(chunks, {2})
+
+    streams = read_streams(path, Topics())
+
+    assert streams.truncated is None
+    assert_kept(streams, kept)
+    assert streams.lost == lost
+    assert "no message index" in streams.damage[0] and "from the summary statistics" in streams.damage[1]
+
+
+def test_without_a_summary_reading_still_stops_at_the_damage(items: list[Item], tmp_path: Path) -> None:
+    # A cut copy (no footer, no summary) whose middle chunk is damaged too: one pass, up to the damage.
+    path = write_items(tmp_path / "r_vio.mcap", items)
+    chunks = chunk_contents(path)
+    middle = len(chunks) // 2
+    flip_bytes(path, chunks[middle][0].chunk_start_offset + 3, 4)
+    path.write_bytes(path.read_bytes()[: chunks[-1][0].chunk_start_offset])
+    kept, _ = expected_without(chunks, set(range(middle, len(chunks))))
+
+    streams = read_streams(path, Topics())
+
+    assert streams.truncated is not None and streams.truncated.startswith(f"reading stopped after {len(kept['camera'])} camera frames")
+    assert_kept(streams, kept)
+    assert streams.lost == {} and streams.damage == []
+
+
+def test_an_intact_file_reads_the_same_chunk_by_chunk_as_in_one_pass(items: list[Item], tmp_path: Path) -> None:
+    indexed = read_streams(write_items(tmp_path / "indexed_vio.mcap", items), Topics())
+    one_pass = read_streams(write_items(tmp_path / "plain_vio.mcap", items, summary=False), Topics())
+
+    for name in ("camera_ns", "pose_ns", "position", "quaternion", "width_ns", "width"):
+        a, b = getattr(indexed, name), getattr(one_pass, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    assert indexed.camera_data == one_pass.camera_data
+    assert (indexed.camera_format, indexed.camera_topic, indexed.truncated) == ("jpeg", "/camera0/image", None)
+    assert indexed.lost == one_pass.lost == {} and indexed.damage == one_pass.damage == [] and indexed.warnings == []
+
+
+def image_message(seconds: int, data: bytes = b"\xff\xd8 not really a jpeg", fmt: str = "jpeg") -> bytes:
+    msg = CompressedImage(frame_id="camera0", data=data, format=fmt)
+    msg.timestamp.seconds = seconds
+    return msg.SerializeToString()
+
+
+def pose_message(seconds: int) -> bytes:
+    msg = PoseInFrame(frame_id="world")
+    msg.timestamp.seconds = seconds
+    msg.pose.orientation.w = 1.0
+    return msg.SerializeToString()
+
+
+BAD_MESSAGES = {
+    # name: (topic, bytes, stream, what the damage line says)
+    "garbage camera": ("/camera0/image", b"\xff\xff\xff\xff garbage", "camera", "not a valid foxglove.CompressedImage"),
+    "camera beyond int64": ("/camera0/image", image_message(2**62), "camera", "beyond int64"),
+    "garbage pose": ("/vio/pose", b"\x0a\x05ab", "pose", "not a valid foxglove.PoseInFrame"),
+    "pose beyond int64": ("/vio/pose", pose_message(2**62), "pose", "beyond int64"),
+    "malformed width": ("/gripper/width", b'{"stamp_ns": 17621600', "width", "malformed JSON"),
+    "width without value": ("/gripper/width", b'{"stamp_ns": 1762160000000000000}', "width", "malformed JSON"),
+    "width beyond int64": ("/gripper/width", b'{"stamp_ns": 1180591620717411303424, "width_m": 0.05}', "width", "beyond int64"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_MESSAGES))
+def test_one_bad_message_is_skipped_and_counted_and_reading_goes_on(
+    recording: Path, items: list[Item], tmp_path: Path, bad: str
+) -> None:
+    topic, data, stream, kind = BAD_MESSAGES[bad]
+    template = next(it for it in items if it.topic == topic)
+    at = with_camera_at(items, 5)  # early in the file: everything after it must still be read
+    damaged = [*items[:at], template._replace(data=data), *items[at:]]
+    path = write_items(tmp_path / "r_vio.mcap", damaged)
+
+    streams = read_streams(path, Topics())
+    reference = read_streams(recording, Topics())
+
+    assert streams.truncated is None
+    for name in ("camera_ns", "pose_ns", "position", "quaternion", "width_ns", "width"):
+        assert np.array_equal(getattr(streams, name), getattr(reference, name)), name
+    assert streams.camera_data == reference.camera_data
+    assert streams.lost == {stream: 1}
+    assert len(streams.damage) == 1 and streams.damage[0].startswith(f"{stream}: skipped 1 message(s) on {topic}: ")
+    assert kind in streams.damage[0]
+
+
+def test_every_width_message_malformed_is_a_clear_error(items: list[Item], tmp_path: Path) -> None:
+    path = write_items(tmp_path / "r_vio.mcap", [it._replace(data=b"{}") if it.topic == "/gripper/width" else it for it in items])
+    width_messages = sum(it.topic == "/gripper/width" for it in items)
+    with pytest.raises(RecordingError, match=f"all {width_messages} messages on /gripper/width") as info:
+        read_streams(path, Topics())
+    assert info.value.reason == "bad_width_message"
+
+
+def test_zero_length_camera_frames_are_kept_as_empty_frames(recording: Path, items: list[Item], tmp_path: Path) -> None:
+    template = next(it for it in items if it.topic == "/camera0/image")
+    at = with_camera_at(items, 5)
+    empty_frame = image_message(1_762_160_001, data=b"")  # a message without frame bytes
+    path = write_items(tmp_path / "r_vio.mcap", [*items[:at], template._replace(data=empty_frame), template._replace(data=b""), *items[at:]])
+
+    streams = read_streams(path, Topics())
+
+    reference = read_streams(recording, Topics())
+    assert streams.camera_data == [*reference.camera_data[:5], b"", b"", *reference.camera_data[5:]]
+    assert streams.camera_ns.tolist() == [*reference.camera_ns[:5].tolist(), 1_762_160_001 * 10**9, 0, *reference.camera_ns[5:].tolist()]
+    assert streams.camera_format == "jpeg" and streams.lost == {} and streams.truncated is None
+
+
+# ---------------------------------------------------------------- camera topic candidates
+
+
+@pytest.fixture(scope="module")
+def video_recording(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("video") / "v_vio.mcap"
+    rng = np.random.default_rng(3)
+    write_vio_mcap(path, plan_motion(rng, START_NS, duration_s=2.0), StreamTiming(), rng, camera="video", image_size=(64, 48))
+    return path
+
+
+def test_a_video_recording_uses_the_video_candidate(video_recording: Path) -> None:
+    streams = read_streams(video_recording, Topics())
+
+    with open(video_recording, "rb") as f:
+        frames = sum(c.topic == "/camera0/video" for _, c, _ in make_reader(f).iter_messages(log_time_order=False))
+    assert streams.camera_topic == "/camera0/video" and streams.camera_format == "h264"
+    assert len(streams.camera_ns) == len(streams.camera_data) == frames > 0
+    assert streams.warnings == [] and streams.lost == {}
+
+
+def test_the_first_candidate_with_messages_is_used_and_a_second_one_is_a_warning(
+    recording: Path, video_recording: Path, items: list[Item], tmp_path: Path, caplog
+) -> None:
+    video = [it for it in read_items(video_recording) if it.topic == "/camera0/video"]
+    path = write_items(tmp_path / "both_vio.mcap", [*items, *video])
+
+    with caplog.at_level(logging.WARNING, logger="policypipe.recordings.streams"):
+        image_first = read_streams(path, Topics())
+    video_first = read_streams(path, Topics(camera=("/camera0/video", "/camera0/image")))
+
+    assert image_first.camera_topic == "/camera0/image" and image_first.camera_format == "jpeg"
+    assert image_first.camera_data == read_streams(recording, Topics()).camera_data
+    assert len(image_first.warnings) == 1 and "used /camera0/image, ignored /camera0/video" in image_first.warnings[0]
+    assert any(image_first.warnings[0] in r.getMessage() for r in caplog.records)
+    assert video_first.camera_topic == "/camera0/video" and video_first.camera_format == "h264"
+    assert len(video_first.camera_data) == len(video)
+
+
+def test_no_camera_candidate_with_messages_names_every_candidate(items: list[Item], tmp_path: Path) -> None:
+    path = write_items(tmp_path / "r_vio.mcap", [it for it in items if it.topic != "/camera0/image"])
+    with pytest.raises(RecordingError) as info:
+        read_streams(path, Topics())
+    assert info.value.reason == "missing_topic"
+    assert "no messages on /camera0/image or /camera0/video;" in str(info.value)
+    assert "topics present: /gripper/width (GripperWidth), /vio/pose (foxglove.PoseInFrame)" in str(info.value)
+
+
+def test_camera_candidates_from_params_a_list_or_one_topic() -> None:
+    assert Topics().camera == ("/camera0/image", "/camera0/video")
+    assert from_mapping(Topics, {"camera": ["/cam/video", "/cam/image"]}, "convert.topics").camera == ("/cam/video", "/cam/image")
+    assert from_mapping(Topics, {"camera": "/cam/image"}, "convert.topics").camera == ("/cam/image",)
+    assert Topics(camera="/cam/image") == Topics(camera=("/cam/image",))
+    with pytest.raises(ConfigError, match="camera"):
+        from_mapping(Topics, {"camera": []}, "convert.topics")
+    with pytest.raises(ConfigError, match="listed twice"):
+        from_mapping(Topics, {"camera": ["/a", "/a"]}, "convert.topics")
+
+
+# ---------------------------------------------------------------- what callers get
+
+
+def test_streams_built_without_the_new_fields_report_nothing_lost() -> None:
+    empty = np.zeros(0, np.int64)
+    streams = Streams(empty, [], "jpeg", empty, np.zeros((0, 3)), np.zeros((0, 4)), empty, np.zeros(0), None)
+    assert (streams.camera_topic, streams.lost, streams.damage, streams.warnings) == ("", {}, [], [])
+
+
+def test_every_real_public_mcap_is_a_missing_topic(tmp_path: Path) -> None:
+    samples = sorted(MCAP_SAMPLES.rglob("*.mcap"))
+    assert len(samples) >= 15, f"expected the shared MCAP samples in {MCAP_SAMPLES}"
+    for sample in samples:
+        with pytest.raises(RecordingError) as info:
+            read_streams(sample, Topics())
+        assert info.value.reason == "missing_topic", sample.name
+        assert "no messages on /camera0/image or /camera0/video" in str(info.value), sample.name
