@@ -4,12 +4,16 @@
   the same frames (target >= 0.7);
 - speed-up with two workers over one (target >= 1.7 on 2 cores);
 - bytes per frame, files per 1,000 frames, one random frame read from the store;
-- the image codec comparison behind the choice of JPEG (size and decode time per frame).
+- the image codec comparison behind the choice of JPEG (size and decode time per frame);
+- peak RSS of converting one recording at 320x240 vs 1920x1080 and 100 vs 1,000 frames, each
+  in a fresh process, as ratios to 320x240 / 100 frames (bounded: frames are decoded one at a
+  time, so input resolution and length add the compressed input and the small output only).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -29,7 +33,7 @@ from policypipe.dataset.convert import convert_dataset
 from policypipe.recordings.episode import ConvertConfig, decode_frames
 from policypipe.recordings.layout import Role
 from policypipe.recordings.pairing import PairConfig, pair_export
-from policypipe.recordings.sample import SampleConfig, write_sample_export
+from policypipe.recordings.sample import SampleConfig, plan_motion, render_frame, write_sample_export
 from policypipe.recordings.streams import read_streams
 
 
@@ -40,7 +44,7 @@ def bare_decode_resize(vio_paths: list[Path], config: ConvertConfig) -> tuple[in
     t0 = time.perf_counter()
     frames = 0
     for streams in payloads:
-        frames += len(decode_frames(streams, config.image_size)[1])
+        frames += len(decode_frames(streams, config.image_size).dropped)
     return frames, time.perf_counter() - t0
 
 
@@ -82,6 +86,112 @@ def peak_rss_mb(manifest: dict, keep: int, export: Path, tmp: Path) -> float:
     return int(out.stdout.split()[-1]) / 1024
 
 
+# ---------------------------------------------------------------- peak RSS of one recording
+
+RECORDING_RSS_SCRIPT = """
+import sys
+from pathlib import Path
+from policypipe.dataset.convert import convert_dataset
+from policypipe.recordings.episode import ConvertConfig
+if sys.argv[1] != "imports-only":
+    convert_dataset(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), ConvertConfig(workers=1))
+# The high-water mark of this process alone (RUSAGE_CHILDREN in the parent would be the
+# largest of all children so far, not this one's).
+print(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")))
+"""
+
+
+def write_one_recording(export: Path, stem: str, image_size: tuple[int, int], frames: int, distinct: int = 8) -> None:
+    """A `S_vio.mcap` of `frames` 30 Hz JPEG frames with pose and width, its raw `S.mcap` and
+    status json. Rendering and encoding 1,000 1080p frames would take minutes on 2 cores:
+    `distinct` rendered frames are encoded once and reused in turn (the decoder cannot tell)."""
+    from foxglove_schemas_protobuf.CompressedImage_pb2 import CompressedImage
+    from foxglove_schemas_protobuf.PoseInFrame_pb2 import PoseInFrame
+    from mcap.writer import CompressionType, Writer
+    from mcap_protobuf.schema import build_file_descriptor_set
+
+    start_ns = 1_800_000_000_000_000_000
+    plan = plan_motion(np.random.default_rng(0), start_ns, duration_s=frames / 30 + 0.5)
+    camera_ns = start_ns + 100_000_000 + np.round(np.arange(frames) * 1e9 / 30).astype(np.int64)
+    jpegs = [
+        cv2.imencode(".jpg", render_frame(plan, int(t), image_size), [cv2.IMWRITE_JPEG_QUALITY, 80])[1].tobytes()
+        for t in camera_ns[np.linspace(0, frames - 1, distinct).astype(int)]
+    ]
+    pose_ns = np.arange(start_ns, plan.end_ns, 1_000_000_000 // 150, dtype=np.int64)
+    width_ns = np.arange(start_ns, plan.end_ns, 1_000_000_000 // 45, dtype=np.int64)
+    position, quat = plan.pose_at(pose_ns)
+    width_m = plan.width_at(width_ns)
+
+    def stamped(msg, t: int):
+        msg.timestamp.FromNanoseconds(int(t))
+        return msg
+
+    messages = []  # (capture ns, channel, bytes); written in capture-time order
+    for i, t in enumerate(camera_ns):
+        msg = stamped(CompressedImage(frame_id="camera0", format="jpeg", data=jpegs[i % distinct]), t)
+        messages.append((int(t), "image", msg.SerializeToString()))
+    for t, p, q in zip(pose_ns, position, quat):
+        msg = stamped(PoseInFrame(frame_id="world"), t)
+        msg.pose.position.x, msg.pose.position.y, msg.pose.position.z = (float(v) for v in p)
+        o = msg.pose.orientation
+        o.x, o.y, o.z, o.w = (float(v) for v in q)
+        messages.append((int(t), "pose", msg.SerializeToString()))
+    for t, w in zip(width_ns, width_m):
+        messages.append((int(t), "width", json.dumps({"stamp_ns": int(t), "width_m": float(w)}).encode()))
+    messages.sort(key=lambda m: m[0])
+
+    def write(path: Path, keep: set[str]) -> None:
+        with open(path, "wb") as f:
+            writer = Writer(f, compression=CompressionType.NONE)  # JPEG does not compress
+            writer.start()
+            ids = {}
+            for key, topic, message_type in (("image", "/camera0/image", CompressedImage), ("pose", "/vio/pose", PoseInFrame)):
+                schema = writer.register_schema(
+                    message_type.DESCRIPTOR.full_name, "protobuf", build_file_descriptor_set(message_type).SerializeToString()
+                )
+                ids[key] = writer.register_channel(topic, "protobuf", schema)
+            width_schema = writer.register_schema("GripperWidth", "jsonschema", b'{"type":"object"}')
+            ids["width"] = writer.register_channel("/gripper/width", "json", width_schema)
+            for t, key, data in messages:
+                if key in keep:
+                    writer.add_message(ids[key], log_time=t, publish_time=t, data=data)
+            writer.finish()
+
+    write(export / f"{stem}_vio.mcap", {"image", "pose", "width"})
+    write(export / f"{stem}.mcap", {"pose"})  # the raw recording is hashed, never decoded
+    status = {"source": f"{stem}.mcap", "output": f"{stem}_vio.mcap", "status": "success", "frames": frames}
+    write_json_atomic(export / f"{stem}_vio.json", status)
+
+
+def recording_peak_rss_mb(tmp: Path, image_size: tuple[int, int] | None, frames: int) -> float:
+    """Peak RSS (VmHWM) of a fresh process converting one recording; None: imports only."""
+    if image_size is None:
+        args = ["imports-only"]
+    else:
+        name = f"rss_{image_size[0]}x{image_size[1]}_{frames}"
+        export = tmp / name / "export"
+        export.mkdir(parents=True)
+        write_one_recording(export, "rec", image_size, frames)
+        manifest = tmp / name / "manifest.json"
+        write_json_atomic(manifest, pair_export(export, PairConfig()).manifest())
+        args = [str(manifest), str(export), str(tmp / name / "out.zarr"), str(tmp / name / "cache")]
+    out = subprocess.run([sys.executable, "-c", RECORDING_RSS_SCRIPT, *args], capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1]) / 1024  # kB -> MB
+
+
+def recording_rss_table(tmp: Path) -> None:
+    cases = [((320, 240), 100), ((320, 240), 1000), ((1920, 1080), 100), ((1920, 1080), 1000)]
+    imports = recording_peak_rss_mb(tmp, None, 0)
+    rss = {case: recording_peak_rss_mb(tmp, *case) for case in cases}
+    base = rss[cases[0]]
+    full_frame_mb = 1920 * 1080 * 3 / 2**20
+    print(f"peak RSS of converting one recording (fresh process each; imports alone {imports:.0f} MB):")
+    for (w, h), frames in cases:
+        mb = rss[((w, h), frames)]
+        print(f"  {w:4d}x{h:<4d} {frames:5d} frames   {mb:7.0f} MB   ratio {mb / base:5.2f}   above imports {mb - imports:6.0f} MB")
+    print(f"  (one 1920x1080 RGB frame is {full_frame_mb:.1f} MB; 1,000 of them held at once would be {1000 * full_frame_mb:.0f} MB)")
+
+
 def codec_table(frames: np.ndarray) -> list[tuple[str, float, float]]:
     def jpeg(q):
         enc = lambda f: cv2.imencode(".jpg", cv2.cvtColor(f, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, q])[1]  # noqa: E731
@@ -109,9 +219,13 @@ def codec_table(frames: np.ndarray) -> list[tuple[str, float, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--recordings", type=int, default=24)
+    parser.add_argument("--only-rss", action="store_true", help="only the peak-RSS table of one recording")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="policypipe-bench-") as tmp:
         tmp = Path(tmp)
+        if args.only_rss:
+            recording_rss_table(tmp)
+            return
         export = write_sample_export(tmp / "raw", SampleConfig(recordings=args.recordings, seed=1, defects=False)).root
         result = pair_export(export, PairConfig())
         manifest = tmp / "manifest.json"
@@ -138,6 +252,7 @@ def main() -> None:
         print(f"image codecs on {len(sample)} stored frames at {config.image_size}:")
         for name, size, decode_us in codec_table(sample):
             print(f"  {name:26s} {size:8.0f} B/frame   decode {decode_us:7.1f} us/frame")
+        recording_rss_table(tmp)
 
 
 if __name__ == "__main__":

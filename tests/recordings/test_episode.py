@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import tracemalloc
+import types
+import weakref
+
+import av
 import cv2
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from policypipe.recordings.episode import ConvertConfig, build_episode, clean_pose_span, measured_frequency
+from policypipe.recordings import episode
+from policypipe.recordings.episode import ConvertConfig, _is_idr, build_episode, clean_pose_span, measured_frequency
+from policypipe.recordings.sample import _H264Encoder
 from policypipe.recordings.streams import RecordingError, Streams
 
 T0 = 1_762_160_000_000_000_000  # absolute ns, large enough that float64 seconds would lose precision
@@ -147,3 +154,204 @@ def test_resampling_puts_every_episode_on_one_grid() -> None:
     assert set(np.diff(ep.capture_ns)) == {100_000_000}
     t_s = (ep.capture_ns - T0) / 1e9
     assert np.abs(ep.eef_pos - truth_position(t_s)).max() < 1e-4
+
+
+# ---------------------------------------------------------------- damaged and large camera frames
+
+
+def test_empty_still_frame_is_undecodable_not_an_exception() -> None:
+    streams = make_streams()
+    data = list(streams.camera_data)
+    data[5] = b""  # a zero-length message: cv2.imdecode asserts on it
+    ep = build_episode(make_streams(camera_data=data), CONFIG)
+    assert ep.dropped == {"undecodable": 1} and len(ep.capture_ns) == len(data) - 1
+    assert streams.camera_ns[5] not in ep.capture_ns
+
+
+def h264_packets(count: int, size: tuple[int, int] = (64, 48)) -> list[bytes]:
+    """One Annex B packet per frame, an IDR every 10 frames (the encoder's keyint is 1 s of its
+    clock: 10 Hz). Every frame differs from the last (brightness and a moving bar), so a frame
+    decoded against the wrong reference shows it."""
+    w, h = size
+    encoder = _H264Encoder(size, 10.0, "ultrafast")
+    packets = []
+    for i in range(count):
+        bgr = np.full((h, w, 3), 8 * (i % 30), np.uint8)
+        bgr[:, (5 * i) % w] = 255
+        bgr[(3 * i) % h, :, 1] = 0
+        packets.append(encoder.encode(bgr))
+    encoder.close()
+    return packets
+
+
+def plain_decode(packets: list[bytes]) -> dict[int, np.ndarray]:
+    """Packet index -> what a decoder makes of it, with no idea which references were lost."""
+    codec = av.CodecContext.create("h264", "r")
+    frames = {}
+    for index, data in enumerate([*packets, None]):
+        packet = None if data is None else av.Packet(data)
+        if packet is not None:
+            packet.pts = index
+        try:
+            frames |= {int(f.pts): f.to_ndarray(format="rgb24") for f in codec.decode(packet)}
+        except av.error.InvalidDataError:
+            pass
+    return frames
+
+
+def h264_streams(packets: list[bytes], camera_ns: np.ndarray) -> Streams:
+    return make_streams(camera_ns=camera_ns, camera_data=packets, camera_format="h264")
+
+
+def test_idr_packets_are_found_by_their_nal_units() -> None:
+    packets = h264_packets(25)
+    assert [i for i, p in enumerate(packets) if _is_idr(p)] == [0, 10, 20]
+    # 3- and 4-byte start codes; SPS (7) and PPS (8) before the slice do not count, the slice does.
+    assert _is_idr(b"\x00\x00\x00\x01\x67sps\x00\x00\x01\x68pps\x00\x00\x01\x65slice")
+    assert not _is_idr(b"\x00\x00\x00\x01\x67sps\x00\x00\x01\x41slice")
+    assert not _is_idr(b"") and not _is_idr(b"\x00\x00\x01")
+
+
+@pytest.mark.parametrize(
+    ("lost", "reference_lost"),
+    [([23], list(range(24, 30))), ([29], []), ([0, 1, 2, 3, 4], [5, 6, 7, 8, 9])],
+    ids=["mid-gop", "just-before-idr", "stream-starts-mid-gop"],
+)
+def test_h264_frames_after_a_lost_packet_are_dropped_until_the_next_keyframe(lost: list[int], reference_lost: list[int]) -> None:
+    """Frames decoded against a lost reference are dropped and counted; the others are the
+    very frames of the loss-free stream."""
+    packets = h264_packets(60)
+    camera_ns = make_streams().camera_ns
+    whole = build_episode(h264_streams(packets, camera_ns), CONFIG)
+    assert whole.dropped == {} and len(whole.capture_ns) == 60
+    kept = np.setdiff1d(np.arange(60), lost)
+
+    ep = build_episode(h264_streams([packets[i] for i in kept], camera_ns[kept]), CONFIG)
+
+    assert ep.dropped == ({"h264_reference_lost": len(reference_lost)} if reference_lost else {})
+    good = np.setdiff1d(kept, reference_lost)
+    assert np.array_equal(ep.capture_ns, camera_ns[good])
+    assert np.array_equal(ep.rgb, whole.rgb[good])
+    # The test means something: what was dropped really did decode wrong (when it decoded at all).
+    truth, damaged = plain_decode(packets), plain_decode([packets[i] for i in kept])
+    damaged = {int(kept[k]): frame for k, frame in damaged.items()}
+    assert all(not np.array_equal(damaged[i], truth[i]) for i in reference_lost if i in damaged)
+
+
+@pytest.mark.parametrize("bad", [b"", b"\x00\x00\x01\x41" + bytes(range(256)) * 4], ids=["empty", "garbage-slice"])
+def test_bad_h264_packet_is_one_undecodable_frame_and_the_gop_after_it_is_dropped(bad: bytes) -> None:
+    """An empty packet must never reach the decoder: it means "end of stream" and would end
+    the decoding of every later frame."""
+    packets = h264_packets(60)
+    packets[23] = bad
+    camera_ns = make_streams().camera_ns
+
+    ep = build_episode(h264_streams(packets, camera_ns), CONFIG)
+
+    assert ep.dropped == {"undecodable": 1, "h264_reference_lost": 6}
+    assert any("next keyframe" in w for w in ep.warnings)
+    good = np.setdiff1d(np.arange(60), range(23, 30))
+    assert np.array_equal(ep.capture_ns, camera_ns[good])
+    assert np.array_equal(ep.rgb, build_episode(h264_streams(h264_packets(60), camera_ns), CONFIG).rgb[good])
+
+
+def full_then_resize(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """The reference: the whole frame in RGB, then resized (area to shrink, linear to enlarge)."""
+    if rgb.shape[1::-1] == size:
+        return rgb
+    return cv2.resize(rgb, size, interpolation=cv2.INTER_AREA if rgb.shape[1] >= size[0] else cv2.INTER_LINEAR)
+
+
+@pytest.mark.parametrize("size", [(32, 24), (64, 48), (100, 70)], ids=["shrink", "same", "enlarge"])
+def test_frames_are_the_full_resolution_decode_resized(size: tuple[int, int]) -> None:
+    rng = np.random.default_rng(0)
+    images = [cv2.GaussianBlur(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), (5, 5), 0) for _ in range(3)]
+    config = ConvertConfig(image_size=size, min_frames=2)
+    stills = make_streams(camera_ns=make_streams().camera_ns[:3], camera_data=[cv2.imencode(".jpg", i)[1].tobytes() for i in images])
+    ep = build_episode(stills, config)
+    assert len(ep.rgb) == 3
+    for data, got in zip(stills.camera_data, ep.rgb):
+        bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        assert np.array_equal(got, full_then_resize(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), size))
+
+    packets = h264_packets(12)
+    ep = build_episode(h264_streams(packets, make_streams().camera_ns[:12]), config)
+    assert np.array_equal(ep.rgb, np.stack([full_then_resize(f, size) for f in plain_decode(packets).values()]))
+
+
+def test_still_frames_are_decoded_and_resized_one_at_a_time() -> None:
+    """Peak memory while decoding 12 large JPEGs stays under two full-resolution frames, not 12
+    (tracemalloc sees numpy's buffers, which hold every image OpenCV decodes)."""
+    w, h, count = 1600, 1200, 12
+    y, x = np.indices((h, w))
+    image = np.stack([x % 256, y % 256, (x + y) % 256], axis=-1).astype(np.uint8)
+    data = [cv2.imencode(".jpg", np.roll(image, 16 * i, axis=1))[1].tobytes() for i in range(count)]
+    streams = make_streams(camera_ns=make_streams().camera_ns[:count], camera_data=data)
+
+    tracemalloc.start()
+    try:
+        ep = build_episode(streams, ConvertConfig(image_size=(96, 96), min_frames=2))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert ep.dropped == {} and len(ep.rgb) == count
+    assert peak < 2 * w * h * 3, f"peak {peak / (w * h * 3):.1f} full-resolution frames"
+
+
+class LiveArrays:
+    """How many of the arrays it was shown are alive now, and the most ever alive at once."""
+
+    def __init__(self) -> None:
+        self.now = self.most = 0
+
+    def track(self, array: np.ndarray) -> np.ndarray:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        weakref.finalize(array, self._died)
+        return array
+
+    def _died(self) -> None:
+        self.now -= 1
+
+
+class CountingDecoder:
+    """PyAV's H.264 decoder whose frames' full-resolution RGB arrays are tracked: tracemalloc
+    cannot see them (`to_ndarray` returns a view of a buffer libav allocated)."""
+
+    def __init__(self, codec: av.CodecContext, live: LiveArrays) -> None:
+        self._codec, self._live = codec, live
+
+    @property
+    def thread_count(self) -> int:
+        return self._codec.thread_count
+
+    @thread_count.setter
+    def thread_count(self, value: int) -> None:
+        self._codec.thread_count = value
+
+    def decode(self, packet: av.Packet | None = None) -> list[CountingFrame]:
+        return [CountingFrame(frame, self._live) for frame in self._codec.decode(packet)]
+
+
+class CountingFrame:
+    def __init__(self, frame: av.VideoFrame, live: LiveArrays) -> None:
+        self._frame, self._live, self.pts = frame, live, frame.pts
+
+    def to_ndarray(self, **options) -> np.ndarray:
+        return self._live.track(self._frame.to_ndarray(**options))
+
+
+def test_h264_frames_are_decoded_and_resized_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    live = LiveArrays()
+    create = lambda codec, mode: CountingDecoder(av.CodecContext.create(codec, mode), live)  # noqa: E731
+    monkeypatch.setattr(
+        episode, "av", types.SimpleNamespace(CodecContext=types.SimpleNamespace(create=create), Packet=av.Packet, error=av.error)
+    )
+    count = 12
+    streams = h264_streams(h264_packets(count, (640, 480)), make_streams().camera_ns[:count])
+
+    ep = build_episode(streams, ConvertConfig(image_size=(96, 96), min_frames=2))
+
+    assert ep.dropped == {} and len(ep.rgb) == count
+    assert live.most == 1, f"{live.most} full-resolution frames alive at once"

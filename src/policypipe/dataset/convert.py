@@ -170,6 +170,8 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
             "dropped": episode.dropped,
             "frequency_hz": round(episode.frequency_hz, 6),
             "camera_gaps": episode.camera_gaps,
+            "camera_topic": episode.camera_topic,
+            "lost_messages": episode.lost_messages,
             "warnings": episode.warnings,
         }
     # The record is written last: its presence means the entry is complete. It is returned as
@@ -299,14 +301,19 @@ class ConversionResult:
 
     def metrics(self) -> dict[str, Any]:
         dropped: Counter[str] = Counter()
+        lost: Counter[str] = Counter()
         for ep in self.episodes:
             dropped.update(ep["dropped"])
             dropped["camera_gap"] += ep["camera_gaps"]
+            lost.update(ep["lost_messages"])
         return {
             "episodes": len(self.episodes),
             "frames": self.frames,
             "frequency_hz": self.frequency_hz,
             "frames_dropped_by_reason": dict(sorted(dropped.items())),
+            # Messages in damaged chunks or unparseable, per stream: the file lost them, not convert.
+            "messages_lost_by_stream": dict(sorted(lost.items())),
+            "episodes_from_damaged_files": sum(1 for ep in self.episodes if ep["lost_messages"]),
             "recordings_excluded": len(self.excluded),
             "recordings_excluded_by_reason": dict(sorted(Counter(e["excluded"] for e in self.excluded).items())),
             "bytes_per_frame": round(self.store_bytes / max(self.frames, 1), 1),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -76,9 +77,12 @@ class Episode:
     eef_rot_axis_angle: np.ndarray  # float32 (N, 3)
     gripper_width: np.ndarray  # float32 (N, 1)
     capture_ns: np.ndarray  # int64 (N,), absolute capture time of each kept frame
-    frames_in: int
+    frames_in: int  # camera messages read (lost ones are not among them)
     dropped: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    camera_topic: str = ""
+    # Messages per stream ("camera", "pose", "width") lost to damage in the file: never read.
+    lost_messages: dict[str, int] = field(default_factory=dict)
 
     @property
     def frequency_hz(self) -> float:
@@ -108,63 +112,165 @@ def measured_frequency(capture_ns: np.ndarray) -> float:
 
 def missing_frames(capture_ns: np.ndarray) -> int:
     """Frames the camera's clock says are missing between the kept ones (drops, not jitter)."""
+    return int(missing_slots(capture_ns).sum())
+
+
+def missing_slots(capture_ns: np.ndarray) -> np.ndarray:
+    """int64 (N-1,): frames the camera's clock says are missing between consecutive timestamps.
+
+    Taken in the order given: on file order it also flags a message written out of place.
+    """
     if len(capture_ns) < 2:
-        return 0
-    slots = np.rint(np.diff(capture_ns) / frame_interval_ns(capture_ns)).astype(np.int64)
-    return int(np.clip(slots - 1, 0, None).sum())
+        return np.zeros(0, np.int64)
+    interval = frame_interval_ns(capture_ns)
+    if not interval > 0:  # no clock to measure against (all timestamps equal, or mostly backwards)
+        return np.zeros(len(capture_ns) - 1, np.int64)
+    slots = np.rint(np.diff(capture_ns) / interval).astype(np.int64)
+    return np.clip(slots - 1, 0, None)
 
 
 # ---------------------------------------------------------------- camera
 
+# Why a camera message gives no frame (keys of Episode.dropped).
+UNDECODABLE = "undecodable"  # empty or corrupt bytes, or the decoder failed on them
+REFERENCE_LOST = "h264_reference_lost"  # decodes, but against a reference frame that was lost
 
-def decode_frames(streams: Streams, image_size: tuple[int, int]) -> tuple[np.ndarray, list[np.ndarray | None]]:
-    """(capture ns (M,), resized RGB frame or None per message), both in file order.
+NAL_IDR_SLICE = 5  # H.264 nal_unit_type of a slice of an IDR picture
+_START_CODE = b"\x00\x00\x01"  # Annex B; the 4-byte form 00 00 00 01 ends in it
 
+
+@dataclass
+class DecodedFrames:
+    """Every camera message, decoded and resized, in file order."""
+
+    capture_ns: np.ndarray  # int64 (M,)
+    rgb: np.ndarray  # uint8 (M, H, W, 3) at the stored size; rows of dropped frames stay black
+    dropped: list[str | None]  # (M,) UNDECODABLE, REFERENCE_LOST, or None for a usable frame
+
+    @property
+    def usable(self) -> np.ndarray:
+        return np.array([reason is None for reason in self.dropped], dtype=bool)
+
+
+def decode_frames(streams: Streams, image_size: tuple[int, int]) -> DecodedFrames:
+    """Decodes and resizes one frame at a time into an output of the stored size.
+
+    Memory holds one full-resolution frame at a time (plus the H.264 decoder's own reference
+    frames), never all of them: 60 frames of 8000x6000 would be 8.6 GB.
     H.264 frames are matched to their messages through the packet timestamp the decoder hands
     back, never by position: a frame the decoder drops must not shift every later frame.
     """
+    w, h = image_size
+    # np.zeros: the pages of frames that are never written are never touched.
+    rgb = np.zeros((len(streams.camera_data), h, w, 3), np.uint8)
     if streams.camera_format == "h264":
-        frames = _decode_h264(streams)
+        dropped = _decode_h264(streams, rgb)
     else:
-        frames = [_decode_still(data) for data in streams.camera_data]
-    return streams.camera_ns, [None if f is None else _resize_rgb(f, image_size) for f in frames]
+        dropped = [_decode_still_into(data, out) for data, out in zip(streams.camera_data, rgb)]
+    return DecodedFrames(capture_ns=streams.camera_ns, rgb=rgb, dropped=dropped)
 
 
-def _decode_still(data: bytes) -> np.ndarray | None:
-    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    return None if bgr is None else cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+def _decode_still_into(data: bytes, out: np.ndarray) -> str | None:
+    """Decodes one JPEG/PNG into `out` (H, W, 3) RGB; returns why not, or None."""
+    if not data:  # a zero-length message: cv2.imdecode asserts on an empty buffer
+        return UNDECODABLE
+    try:
+        bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error as exc:
+        log.debug("undecodable still frame: %s", exc)
+        return UNDECODABLE
+    if bgr is None:
+        return UNDECODABLE
+    # Resize first, then swap channels: both work on each channel alone, so the bytes are the
+    # same as swap-then-resize, and no second full-resolution buffer is made.
+    out[:] = cv2.cvtColor(_resize(bgr, (out.shape[1], out.shape[0])), cv2.COLOR_BGR2RGB)
+    return None
 
 
-def _decode_h264(streams: Streams) -> list[np.ndarray | None]:
+def _decode_h264(streams: Streams, out: np.ndarray) -> list[str | None]:
+    """Decodes the stream in file order into `out` (M, H, W, 3); returns the reason per message.
+
+    A P frame decodes against earlier frames. After a lost packet, or a packet the decoder
+    fails on, every frame up to the next IDR picture decodes against the wrong reference:
+    the decoder conceals the damage silently (it neither raises nor flags the frame corrupt),
+    so those frames are dropped here as REFERENCE_LOST. A lost packet shows as a missing slot
+    in the capture times (file order is decode order). A camera that drops a frame *before*
+    encoding leaves the same gap over an intact bitstream; timestamps cannot tell the two
+    apart, so those frames are dropped too, conservatively.
+    """
     codec = av.CodecContext.create("h264", "r")
     codec.thread_count = 1  # decoded pixels must not depend on the machine's core count
-    by_index: dict[int, np.ndarray] = {}
+    count = len(streams.camera_data)
+    gap_before = np.concatenate([[False], missing_slots(streams.camera_ns) > 0])
+    dropped: list[str | None] = [UNDECODABLE] * count  # until the decoder hands the frame back
+    reference_lost = np.zeros(count, dtype=bool)
 
-    def collect(frames) -> None:
+    def collect(frames: list[av.VideoFrame]) -> None:
         for frame in frames:
-            if frame.pts is not None:
-                by_index[int(frame.pts)] = frame.to_ndarray(format="rgb24")
+            index = -1 if frame.pts is None else int(frame.pts)
+            if 0 <= index < count and not reference_lost[index]:
+                # rgb24 at full size, then the same resize as a still: one full-size frame alive.
+                out[index] = _resize(frame.to_ndarray(format="rgb24"), (out.shape[2], out.shape[1]))
+                dropped[index] = None
 
+    # Frames before the first IDR have nothing to reference either.
+    has_reference = False
     for index, data in enumerate(streams.camera_data):
+        if _is_idr(data):
+            has_reference = True
+        elif gap_before[index]:
+            has_reference = False
+        if not data:  # an empty packet tells the decoder "end of stream": never send one
+            has_reference = False
+            continue
+        reference_lost[index] = not has_reference
         packet = av.Packet(data)
         packet.pts = packet.dts = index  # the message's identity travels with the packet
         try:
             collect(codec.decode(packet))
         except av.error.FFmpegError as exc:
+            # With its references intact the packet's own bytes are at fault (UNDECODABLE); with
+            # them lost the failure is theirs (e.g. the lost packet carried the SPS/PPS).
             log.debug("undecodable H.264 packet %d: %s", index, exc)
+            has_reference = False
     try:
         collect(codec.decode(None))
     except av.error.FFmpegError:
         pass
-    return [by_index.get(i) for i in range(len(streams.camera_data))]
+    return [REFERENCE_LOST if lost else reason for lost, reason in zip(reference_lost, dropped)]
 
 
-def _resize_rgb(rgb: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
+def _nal_unit_types(data: bytes) -> Iterator[int]:
+    """nal_unit_type of each NAL unit of an Annex B packet, in order.
+
+    Emulation prevention keeps 00 00 01 out of every NAL unit's payload, so a plain search
+    finds exactly the start codes.
+    """
+    start = data.find(_START_CODE)
+    while 0 <= start < len(data) - len(_START_CODE):
+        yield data[start + len(_START_CODE)] & 0x1F
+        start = data.find(_START_CODE, start + len(_START_CODE))
+
+
+def _is_idr(data: bytes) -> bool:
+    """Whether the packet holds an IDR picture: nothing after it references anything before.
+
+    Only the first slice is read (types 1-5): the slices of one picture are all IDR or none,
+    and the search stops before the slice data.
+    """
+    for nal_type in _nal_unit_types(data):
+        if 1 <= nal_type <= NAL_IDR_SLICE:
+            return nal_type == NAL_IDR_SLICE
+    return False
+
+
+def _resize(image: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
+    """To (width, height): area averaging to shrink, bilinear to enlarge."""
     w, h = image_size
-    if rgb.shape[1] == w and rgb.shape[0] == h:
-        return np.ascontiguousarray(rgb)
-    interpolation = cv2.INTER_AREA if rgb.shape[1] >= w else cv2.INTER_LINEAR
-    return cv2.resize(rgb, (w, h), interpolation=interpolation)
+    if image.shape[1] == w and image.shape[0] == h:
+        return np.ascontiguousarray(image)
+    interpolation = cv2.INTER_AREA if image.shape[1] >= w else cv2.INTER_LINEAR
+    return cv2.resize(image, (w, h), interpolation=interpolation)
 
 
 # ---------------------------------------------------------------- pose and width
@@ -208,28 +314,37 @@ def clean_pose_span(
 def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
     """The episode of one recording, or RecordingError saying why there is none."""
     dropped: Counter[str] = Counter()
-    warnings: list[str] = []
+    warnings: list[str] = list(streams.warnings)
     if streams.truncated:
         warnings.append(f"truncated recording: {streams.truncated}")
+    warnings.extend(f"damaged recording: {line}" for line in streams.damage)
 
-    camera_ns, frames = decode_frames(streams, config.image_size)
-    frames_in = len(frames)
-    undecodable = sum(f is None for f in frames)
+    decoded = decode_frames(streams, config.image_size)
+    camera_ns, frames_in = decoded.capture_ns, len(decoded.dropped)
+    reasons = Counter(reason for reason in decoded.dropped if reason is not None)
+    dropped.update(reasons)
+    undecodable = reasons[UNDECODABLE]
     if undecodable:
-        dropped["undecodable"] += undecodable
         if undecodable > config.max_undecodable_fraction * frames_in:
             raise RecordingError(
                 "undecodable_frames",
                 f"{undecodable} of {frames_in} camera frames cannot be decoded "
                 f"(limit: convert.max_undecodable_fraction = {config.max_undecodable_fraction})",
             )
+    if reasons[REFERENCE_LOST]:
+        # Not held to max_undecodable_fraction: their own bytes are sound, what failed is a
+        # packet before them (and the hole they leave is counted as camera gaps, like a drop).
+        warnings.append(
+            f"{reasons[REFERENCE_LOST]} H.264 frames dropped: they reference a lost or undecodable packet "
+            "(a gap in the camera timestamps, or before the first keyframe); kept again from the next keyframe"
+        )
     out_of_order = int((np.diff(camera_ns) <= 0).sum())
     if out_of_order:
         warnings.append(f"{out_of_order} camera timestamps not increasing in file order: sorted by capture time")
 
-    decoded = np.array([f is not None for f in frames])
+    usable = decoded.usable
     order = np.argsort(camera_ns, kind="stable")
-    order = order[decoded[order]]
+    order = order[usable[order]]
     t_cam = camera_ns[order]
     unique = np.concatenate([[True], np.diff(t_cam) > 0]) if len(t_cam) else np.zeros(0, bool)
     if (~unique).any():
@@ -282,7 +397,7 @@ def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
     grip = np.interp((t_cam - ref).astype(np.float64), (width_t - ref).astype(np.float64), width)
 
     return Episode(
-        rgb=np.stack([frames[i] for i in order]),
+        rgb=decoded.rgb[order],
         eef_pos=eef_pos.astype(np.float32),
         eef_rot_axis_angle=rot.as_rotvec().astype(np.float32),
         gripper_width=grip.astype(np.float32)[:, None],
@@ -290,4 +405,6 @@ def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
         frames_in=frames_in,
         dropped={k: v for k, v in sorted(dropped.items()) if v},
         warnings=warnings,
+        camera_topic=streams.camera_topic,
+        lost_messages=dict(sorted(streams.lost.items())),
     )
