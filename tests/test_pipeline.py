@@ -55,6 +55,9 @@ def test_every_stage_records_its_provenance_with_the_dataset_fingerprint_from_co
         assert prov["params"] and prov["inputs_sha256"] and prov["outputs_sha256"]
         hashes = set(prov["inputs_sha256"].values()) | set(prov["outputs_sha256"].values())
         assert (fingerprint in hashes) == (stage != "pair"), stage
+        assert prov["git"]["dirty"] is False, (stage, prov["git"]["dirty_files"])  # the commit's code and params
+    converter = json.loads((pipeline_repo / "metrics/provenance/convert.json").read_text())["details"]["converter"]
+    assert len(converter["code_sha256"]) == 64 and converter["libraries"]["opencv-python-headless"]
 
 
 def test_dataset_report_stats_and_verify_after_repro(pipeline_repo: Path) -> None:
