@@ -8,21 +8,21 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import zarr
-from common import fail, load_config, setup_logging
+from common import PARAMS_FILE, fail, setup_logging
 from tqdm import tqdm
 
 from policypipe.atomic import write_json_atomic
+from policypipe.config import ConfigError, read_section
 from policypipe.dataset import layout
-from policypipe.dataset.windows import WindowConfig
 from policypipe.lineage.hashing import sha256_file, sha256_path
 from policypipe.lineage.provenance import StageRun
 from policypipe.policy.export import save_policy
 from policypipe.training.checkpoint import CheckpointError
-from policypipe.training.loop import TrainConfig, train
+from policypipe.training.loop import train, train_config_from_params
 
 
 class Logger:
@@ -84,9 +84,12 @@ def main() -> None:
     parser.add_argument("--provenance", type=Path, required=True)
     args = parser.parse_args()
     setup_logging()
-    window = load_config("policy", WindowConfig)
-    config = load_config("train", TrainConfig)
-    config = replace(config, model=replace(config.model, **asdict(window)))
+    # Every value checked, alone and where the two sections meet, before anything is read or written.
+    try:
+        config = train_config_from_params(read_section(PARAMS_FILE, "train"), read_section(PARAMS_FILE, "policy"))
+    except ConfigError as exc:
+        fail(str(exc))
+    window = config.window
     if config.num_processes > 1 and "WORLD_SIZE" not in os.environ:
         relaunch(config.num_processes)  # does not return
     rank = int(os.environ.get("RANK", "0"))

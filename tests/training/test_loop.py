@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,11 +21,12 @@ from policypipe.training.checkpoint import CheckpointError, load_checkpoint
 from policypipe.training.loop import TrainConfig, train
 from tests.training.conftest import CONFIG
 
-def run_training(dataset, run_dir: Path, config: TrainConfig = CONFIG, stats_sha: str = "s" * 64, **changes):
+def run_training(dataset, run_dir: Path, config: TrainConfig = CONFIG, stats_sha: str = "s" * 64, stop_after=None, **changes):
     store, stats_path = dataset
     stats = json.loads(stats_path.read_text())
     stats.update(changes.pop("stats_changes", {}))
-    return train(store=store, stats=stats, stats_sha256=stats_sha, config=replace(config, **changes), run_dir=run_dir)
+    return train(store=store, stats=stats, stats_sha256=stats_sha, config=replace(config, **changes), run_dir=run_dir,
+                 stop_after=stop_after)
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -143,6 +145,61 @@ def test_a_checkpoint_that_cannot_be_written_does_not_stop_training(dataset, tmp
     assert "written to the fallback" in result.checkpoint_warnings[0]
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "latest").trainer["step"] == 4  # the previous good one
     assert load_checkpoint(tmp_path / "fallback" / "latest").trainer["step"] == 12
+
+
+@pytest.mark.parametrize("run_folder_until", [4, 0], ids=["older-latest-in-run-folder", "nothing-in-run-folder"])
+def test_resume_takes_the_newest_checkpoint_also_from_the_fallback_dir(dataset, tmp_path: Path, monkeypatch, run_folder_until: int) -> None:
+    import policypipe.training.loop as loop
+
+    run_training(dataset, tmp_path / "straight")
+    real_save = loop.save_checkpoint
+
+    def disk_full(folder, state):  # the run folder's disk fills up after step `run_folder_until`
+        if "fallback" not in str(folder) and state.trainer["step"] > run_folder_until:
+            raise OSError(28, "No space left on device")
+        return real_save(folder, state)
+
+    fallback = tmp_path / "fallback"
+    with monkeypatch.context() as patch:
+        patch.setattr(loop, "save_checkpoint", disk_full)
+        run_training(dataset, tmp_path / "run", fallback_dir=str(fallback), stop_after=8)  # then killed
+    assert load_checkpoint(fallback / "latest").trainer["step"] == 8
+    assert (tmp_path / "run" / "checkpoints" / "latest").exists() == (run_folder_until > 0)
+
+    result = run_training(dataset, tmp_path / "run", fallback_dir=str(fallback))  # the disk has room again
+
+    assert result.resumed_from == 8  # not 4, and not a fresh start
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "run")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_fallback_checkpoint_of_another_setup_is_not_resumed(dataset, tmp_path: Path) -> None:
+    run_training(dataset, tmp_path / "other", lr=5e-4, stop_after=4)
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+    (tmp_path / "other" / "checkpoints" / "latest").rename(fallback / "latest")
+    result = run_training(dataset, tmp_path / "run", fallback_dir=str(fallback))
+    assert result.resumed_from is None and result.steps == CONFIG.steps
+    assert load_checkpoint(fallback / "latest").trainer["config"]["lr"] == 5e-4  # left alone
+
+
+@pytest.mark.parametrize("stop_after", [8, None], ids=["unfinished", "finished"])
+def test_with_latest_missing_the_top_k_checkpoints_are_kept(dataset, tmp_path: Path, stop_after) -> None:
+    run_dir = tmp_path / "run"
+    run_training(dataset, run_dir, stop_after=stop_after)
+    checkpoints = run_dir / "checkpoints"
+    shutil.rmtree(checkpoints / "latest")
+    before = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    top_k = sorted(p.name for p in checkpoints.iterdir())
+    assert len(top_k) == CONFIG.keep_top_k
+
+    with pytest.raises(CheckpointError) as info:
+        run_training(dataset, run_dir)
+
+    message = str(info.value)
+    assert "no `latest`" in message and "nothing was deleted" in message and all(name in message for name in top_k)
+    assert str(run_dir) in message  # what to move aside or delete to start fresh
+    assert {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
 def test_damaged_checkpoint_is_refused_not_loaded(dataset, tmp_path: Path) -> None:

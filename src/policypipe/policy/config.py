@@ -7,6 +7,12 @@ from dataclasses import dataclass
 PREDICTION_TYPES = ("epsilon", "sample", "v_prediction")
 
 
+def unet_horizon_multiple(down_dims: tuple[int, ...]) -> int:
+    """What the horizon must be a multiple of: the U-Net halves it once per level after the first
+    (a stride-2 convolution), and the way up must meet the skip connections at the same length."""
+    return 2 ** (len(down_dims) - 1)
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     # What one sample spans (the shared `policy` section).
@@ -35,10 +41,16 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.n_action_steps <= self.horizon:
             raise ValueError(f"n_action_steps must be in 1..horizon ({self.horizon}), got {self.n_action_steps}")
-        if self.horizon % (2 ** (len(self.down_dims) - 1)):
-            raise ValueError(f"horizon {self.horizon} must be divisible by 2**(len(down_dims) - 1) for the U-Net")
-        if any(c > s for c, s in zip(self.crop_size, self.image_size)):
-            raise ValueError(f"crop_size {self.crop_size} is larger than image_size {self.image_size}")
+        # Params files reach this through `training.loop.train_config_from_params`, which says the
+        # same in terms of the `policy` section, where the horizon is set; this guards every other
+        # way of building a config (tests, a loaded policy).
+        multiple = unet_horizon_multiple(self.down_dims)
+        if self.horizon % multiple:
+            raise ValueError(f"horizon {self.horizon} must be a multiple of {multiple} for the U-Net "
+                             f"({len(self.down_dims)} down_dims levels)")
+        if any(c < 1 for c in self.crop_size) or any(c > s for c, s in zip(self.crop_size, self.image_size)):
+            raise ValueError(f"crop_size {list(self.crop_size)} must be at least 1 and at most image_size "
+                             f"{list(self.image_size)} in each dimension (width, height)")
         if any(w % 16 for w in self.encoder_widths):
             raise ValueError("encoder_widths must be multiples of 16 (GroupNorm uses 16 channels a group)")
         if self.prediction_type not in PREDICTION_TYPES:

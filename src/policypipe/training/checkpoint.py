@@ -108,6 +108,17 @@ def save_checkpoint(folder: Path, state: TrainingState) -> Path:
     )
 
 
+def read_trainer(folder: Path) -> dict[str, Any] | None:
+    """A checkpoint's trainer.json (its step, config and fingerprints) without loading the
+    tensors or checking the manifest; None if there is none or it cannot be read. For choosing
+    between checkpoints: the one chosen is then loaded, and checked, with `load_checkpoint`."""
+    try:
+        trainer = json.loads((Path(folder) / "trainer.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return trainer if isinstance(trainer, dict) and isinstance(trainer.get("step"), int) else None
+
+
 def load_checkpoint(folder: Path) -> TrainingState:
     problems = verify_folder(folder)
     if problems:

@@ -1,10 +1,11 @@
 """The training loop, written out: accelerate for device, precision, accumulation and
 distribution; everything else visible here, top to bottom.
 
-Rank 0 alone writes checkpoints, logs and metrics. A run resumes from `latest` only when its
-run-determining config, the dataset fingerprint and the statistics match; otherwise it refuses
-and says what differs. Resume is exact: the sampler's position, every RNG and the optimizer,
-schedule and EMA are restored, so a run killed and resumed ends with the same weights.
+Rank 0 alone writes checkpoints, logs and metrics. A run resumes from the newest of `latest`
+and the fallback folder's checkpoints whose run-determining config, dataset fingerprint and
+statistics match; an unfinished `latest` of another setup is refused, saying what differs.
+Resume is exact: the sampler's position, every RNG and the optimizer, schedule and EMA are
+restored, so a run killed and resumed ends with the same weights.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import math
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,17 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from policypipe.atomic import canonical_json, write_json_atomic
+from policypipe.atomic import MANIFEST, canonical_json, verify_folder, write_json_atomic
+from policypipe.config import ConfigError, from_mapping
 from policypipe.dataset.windows import WindowConfig
-from policypipe.policy.config import PolicyConfig
+from policypipe.policy.config import PolicyConfig, unet_horizon_multiple
 from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.training.checkpoint import (
     CheckpointError,
     TrainingState,
     capture_rng,
     load_checkpoint,
+    read_trainer,
     restore_rng,
     save_checkpoint,
 )
@@ -66,6 +69,7 @@ class TrainConfig:
     keep_top_k: int = 2
     num_processes: int = 1
     # Where checkpoints go when data/train cannot be written (disk full, quota); null: nowhere.
+    # A resume considers its checkpoints too, and takes the newest of this setup.
     fallback_dir: str | None = None
     # Out of memory in the first steps: halve the per-device batch and double grad_accum (the
     # batch per optimizer step is kept), down to this many samples per device.
@@ -73,8 +77,23 @@ class TrainConfig:
     model: PolicyConfig = field(default_factory=PolicyConfig)
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1 or self.grad_accum < 1:
-            raise ValueError("steps, batch_size and grad_accum must be >= 1")
+        # Each value checked alone first, naming its range, so a bad one is reported as itself
+        # (num_processes 0 would otherwise surface as a division by zero below).
+        for name in ("steps", "batch_size", "grad_accum", "val_every", "val_batches", "checkpoint_every",
+                     "num_processes", "min_device_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "keep_top_k", "num_workers"):  # keep_top_k 0: `latest` only
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        # `not x > 0` is true for NaN too. A zero learning rate never moves the weights, and a zero
+        # clip norm zeroes every gradient: the run would spend its budget learning nothing.
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
+        if not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be > 0 (a gradient-norm limit; .inf: no clipping), got {self.grad_clip}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
         if self.batch_size % (self.grad_accum * self.num_processes):
             raise ValueError(
                 f"batch_size {self.batch_size} must be divisible by grad_accum x num_processes "
@@ -84,6 +103,10 @@ class TrainConfig:
             raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
         if not 0 <= self.ema_decay < 1:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+
+    @property
+    def window(self) -> WindowConfig:
+        return WindowConfig(self.model.n_obs_steps, self.model.horizon, self.model.n_action_steps)
 
     def run_determining(self) -> dict[str, Any]:
         """What decides the weights a run ends with (not where or how fast it runs), flat and
@@ -97,6 +120,36 @@ class TrainConfig:
         model = values.pop("model")
         values |= {f"model.{k}": v for k, v in model.items()}
         return json.loads(canonical_json(values))
+
+
+def train_config_from_params(train: Mapping[str, Any] | None, policy: Mapping[str, Any] | None) -> TrainConfig:
+    """The `train` section with the shared `policy` section's window (what one sample spans) in
+    its model: what the train stage and `policypipe smoke` run with.
+
+    Where the two sections meet, their combination is checked before any work starts, in the
+    sections' own terms: the horizon is set in `policy`, the U-Net's depth in `train.model`.
+    """
+    window = from_mapping(WindowConfig, policy, "policy")
+    train = dict(train or {})
+    given = train.get("model", {})
+    model = dict(given) if isinstance(given, Mapping) else {}  # anything else: from_mapping says what it expects
+    overridden = sorted(set(model) & {f.name for f in fields(WindowConfig)})
+    if overridden:
+        # It would be replaced by the `policy` section's value without a word.
+        raise ConfigError(f"params.yaml [train.model]: {', '.join(f'train.model.{k}' for k in overridden)} is set in "
+                          "the shared [policy] section (stats and eval read it too): remove it from train.model")
+    down_dims = model.get("down_dims", PolicyConfig.down_dims)
+    if isinstance(down_dims, (list, tuple)) and window.horizon % unet_horizon_multiple(tuple(down_dims)):
+        multiple = unet_horizon_multiple(tuple(down_dims))
+        fits = sorted({max(multiple, window.horizon // multiple * multiple), (window.horizon // multiple + 1) * multiple})
+        raise ConfigError(
+            f"params.yaml: policy.horizon {window.horizon} must be a multiple of {multiple} for the U-Net "
+            f"(train.model.down_dims {list(down_dims)} has {len(down_dims)} levels; it halves the horizon at each "
+            f"but the last): set policy.horizon to {' or '.join(map(str, fits))}, or use fewer train.model.down_dims"
+        )
+    if isinstance(given, Mapping):
+        train["model"] = model | asdict(window)
+    return from_mapping(TrainConfig, train, "train")
 
 
 # ---------------------------------------------------------------- pieces
@@ -262,9 +315,9 @@ def _train_once(
 ) -> TrainResult:
     from accelerate import Accelerator
 
-    state = _resumable_state(Path(run_dir) / "checkpoints" / LATEST,
-                             RunIdentity(config.run_determining(), stats["dataset_fingerprint"]["sha256"], stats_sha256),
-                             config.steps)
+    resume = _resume_point(Path(run_dir), config.fallback_dir,
+                           RunIdentity(config.run_determining(), stats["dataset_fingerprint"]["sha256"], stats_sha256))
+    state = resume.state
     if state is not None:  # continue with (at least) the accumulation the run was made with
         config = replace(config, grad_accum=max(config.grad_accum, state.trainer.get("grad_accum", 1)))
 
@@ -279,7 +332,7 @@ def _train_once(
             f"train.num_processes is {config.num_processes} but {accelerator.num_processes} processes are running"
         )
     per_device_batch = config.batch_size // (config.grad_accum * accelerator.num_processes)
-    window = WindowConfig(config.model.n_obs_steps, config.model.horizon, config.model.n_action_steps)
+    window = config.window
     identity = RunIdentity(config.run_determining(), stats["dataset_fingerprint"]["sha256"], stats_sha256)
     run_dir = Path(run_dir)
     checkpoints = run_dir / "checkpoints"
@@ -309,9 +362,9 @@ def _train_once(
         restore_rng(state.trainer["rng"], state.rng_tensors, generator)
         history = _History.from_json(state.trainer["history"])
         start_step = resumed_from = state.trainer["step"]
-        log.info("resuming from %s at step %d", checkpoints / LATEST, start_step)
-    elif is_main and run_dir.exists():
-        shutil.rmtree(run_dir)  # a finished run of another config: it lives on in DVC's cache
+        log.info("resuming from %s at step %d", resume.folder, start_step)
+    if is_main and resume.replace_run_dir and run_dir.exists():
+        shutil.rmtree(run_dir)  # only what _resume_point allows: see there
     accelerator.wait_for_everyone()
     sampler = EpochSampler(len(train_set), config.batch_size, config.seed, start_step)
 
@@ -445,22 +498,86 @@ def _trainer_state(identity, step, schedule, history, total) -> dict[str, Any]:
     }
 
 
-def _resumable_state(latest: Path, identity: RunIdentity, total_steps: int) -> TrainingState | None:
-    if not latest.exists():
-        return None
-    state = load_checkpoint(latest)
-    complete = state.trainer.get("complete", False)
-    differences = identity.differences(state.trainer)
-    if complete:
-        # A finished run: start a new one (the old is in DVC's cache); same config would
-        # reproduce the same weights anyway.
-        return None
-    if differences:
-        raise CheckpointError(
-            f"{latest} is an unfinished run of another setup ({'; '.join(differences)}). "
-            f"Resume it with the old params, or start fresh: remove {latest.parent.parent} and rerun."
-        )
-    return state
+@dataclass(frozen=True)
+class _ResumePoint:
+    state: TrainingState | None  # None: a fresh run
+    folder: Path | None  # where the state was read
+    replace_run_dir: bool  # the run folder holds nothing this run may keep (a finished run, logs)
+
+
+def _resume_point(run_dir: Path, fallback_dir: str | None, identity: RunIdentity) -> _ResumePoint:
+    """Where this run continues from: the newest intact, unfinished checkpoint of this setup.
+
+    Candidates are the run folder's `latest` and every checkpoint in `fallback_dir`, where
+    checkpoints went while the run folder could not be written (a disk full): ignoring them
+    would lose the steps trained since. Each resumes exactly; the newest by step saves the most.
+    A fallback checkpoint of another setup (the folder may serve several runs) is passed over;
+    the run folder's own unfinished `latest` of another setup is refused, as it always was.
+
+    Nothing in the run folder is deleted unless that is safe: a finished run there (the stage
+    completed, so DVC has it in its cache) is replaced by a new one, as is an older state of this
+    setup when a newer finished one exists elsewhere, and logs without any checkpoint.
+    Checkpoints without a readable `latest` (deleted by hand, lost in a copy) are not guessed
+    about: they may be the only copy of a run, and a fresh start that kept them beside its own
+    would mix two runs in one folder. The run is refused, saying what to move or delete.
+    """
+    checkpoints = run_dir / "checkpoints"
+    latest = checkpoints / LATEST
+    candidates: list[tuple[int, bool, Path, dict[str, Any]]] = []  # (step, in the run folder, folder, trainer.json)
+    finished_here = False
+    trainer = read_trainer(latest) if latest.exists() else None
+    if trainer is not None:
+        differences = identity.differences(trainer)
+        finished_here = bool(trainer.get("complete"))
+        if differences and not finished_here:
+            raise CheckpointError(
+                f"{latest} is an unfinished run of another setup ({'; '.join(differences)}). "
+                f"Resume it with the old params, or start fresh: remove {run_dir} and rerun."
+            )
+        if not differences:
+            candidates.append((trainer["step"], True, latest, trainer))
+    if fallback_dir is not None and Path(fallback_dir).is_dir():
+        for folder in sorted(Path(fallback_dir).iterdir()):
+            other = read_trainer(folder) if not folder.name.startswith(".") else None
+            if other is None:
+                continue
+            if differences := identity.differences(other):
+                log.info("not resuming from %s, a checkpoint of another setup: %s", folder, "; ".join(differences))
+                continue
+            candidates.append((other["step"], False, folder, other))
+
+    problems: dict[Path, CheckpointError] = {}
+    newest_finished = False
+    for _, _, folder, _ in sorted(candidates, key=lambda c: c[:2], reverse=True):
+        try:
+            state = load_checkpoint(folder)  # the manifest decides: intact or not
+        except CheckpointError as exc:
+            log.warning("not resuming from %s: %s", folder, exc)
+            problems[folder] = exc
+            continue
+        if not state.trainer.get("complete"):
+            # A finished run of another setup in the run folder is replaced, as on a fresh start.
+            return _ResumePoint(state, folder, replace_run_dir=finished_here and folder != latest)
+        # The newest state of this setup is a finished run: start over, as before (a rerun with
+        # the same config reproduces the same weights); the run folder's own is older.
+        newest_finished = True
+        break
+
+    fresh = f"nothing was deleted. To start a fresh run, move {run_dir} aside (or remove it) and rerun."
+    if latest in problems and not newest_finished:  # damaged, and nothing intact to continue from
+        raise CheckpointError(f"{problems[latest]}; {fresh}") from problems[latest]
+    if trainer is None:
+        # No readable `latest`: whatever the run folder holds is of a run nobody can name.
+        if latest.exists():
+            damage = verify_folder(latest) or ["trainer.json: unreadable"]
+            raise CheckpointError(f"checkpoint {latest} is damaged: {'; '.join(damage)}; {fresh}")
+        kept = sorted(p.name for p in checkpoints.iterdir() if (p / MANIFEST).is_file()) if checkpoints.is_dir() else []
+        if kept:
+            raise CheckpointError(
+                f"{checkpoints} holds {len(kept)} checkpoint(s) ({', '.join(kept)}) but no `latest` to resume from; "
+                f"{fresh} To continue from one of them instead, copy it to {latest}."
+            )
+    return _ResumePoint(None, None, replace_run_dir=True)
 
 
 def _save_all(snapshot: TrainingState, checkpoints: Path, history: _History, config: TrainConfig, run_dir: Path) -> list[str]:
