@@ -157,6 +157,24 @@ def test_remote_add_keeps_the_key_out_of_git(small_repo: Path, sshd: LoopbackSsh
     assert "/nonexistent/key does not exist" in missing.stderr
 
 
+@pytest.mark.parametrize("password", ["s3cret", "p%40ss"])  # %40: an '@' in the password
+def test_remote_add_refuses_a_password_in_the_url(tmp_path: Path, password: str) -> None:
+    # No server needed: the URL is refused before anything is written.
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    run(repo, "git", "init", "-q")
+    run(repo, "dvc", "init", "-q")
+    before = {p: p.read_bytes() for p in (repo / ".dvc").rglob("*") if p.is_file()}
+
+    refused = run_failing(repo, "policypipe", "remote", "add", "server", f"ssh://me:{password}@127.0.0.1/srv/dvc")
+
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "--keyfile" in refused.stderr and "dvc remote modify --local server password" in refused.stderr
+    assert ".dvc/config.local" in refused.stderr
+    assert password not in refused.stdout + refused.stderr  # not echoed to a terminal or CI log either
+    assert {p: p.read_bytes() for p in (repo / ".dvc").rglob("*") if p.is_file()} == before  # nothing written
+
+
 def check(repo: Path, known_hosts: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["policypipe", "remote", "check", "server", "--known-hosts", str(known_hosts)],
                           cwd=repo, env=env(), capture_output=True, text=True)

@@ -6,7 +6,7 @@ user's `known_hosts` and refuses an unknown or changed key; `policypipe remote c
 it for a configured remote before a push.
 
 Secrets stay out of git: the remote's URL and `verify = true` go to `.dvc/config` (committed),
-the key file's path to `.dvc/config.local` (ignored by git).
+the key file's path to `.dvc/config.local` (ignored by git); a URL with a password is refused.
 """
 
 from __future__ import annotations
@@ -52,6 +52,15 @@ def run_dvc(repo: Path, *args: str) -> str:
 
 def add_ssh_remote(repo: Path, name: str, url: str, keyfile: Path | None, *, default: bool = True) -> SshTarget:
     """`dvc remote add` with downloads verified, and the key file in the git-ignored local config."""
+    if urlsplit(url).password is not None:
+        # The URL goes to .dvc/config, which is committed: a password in it would be in git's
+        # history for good. Checked before the URL is parsed, whose errors quote it: the password
+        # is not echoed to a terminal or a CI log either.
+        raise RemoteError(
+            "the URL holds a password, and the URL is written to .dvc/config, which git tracks. Remove the "
+            "password from the URL and authenticate with a key file (--keyfile PATH), or keep the password out of "
+            f"git with `dvc remote modify --local {name} password ...`, which writes .dvc/config.local (ignored by git)"
+        )
     target = parse_ssh_url(url)
     if keyfile is not None:
         keyfile = Path(keyfile).expanduser().resolve()
