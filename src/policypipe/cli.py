@@ -70,7 +70,7 @@ def _find_record(target: Path) -> Path | None:
 def _verify(args: argparse.Namespace) -> int:
     import json
 
-    from policypipe.dataset.fingerprint import UnreadableArray, compare, compare_files, fingerprint, store_files
+    from policypipe.dataset.fingerprint import compare, fingerprint, store_files
 
     target: Path = args.path
     if (target / "manifest.json").is_file():  # an exported policy or a checkpoint
@@ -89,18 +89,34 @@ def _verify(args: argparse.Namespace) -> int:
     if record_path is None:
         print(f"error: no record of {target} found (data/stats/stats.json or metrics/dataset.json); pass --record", file=sys.stderr)
         return 2
-    record = json.loads(Path(record_path).read_text())
+    try:
+        record = json.loads(Path(record_path).read_text())
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot read the record {record_path}: {_one_line(exc)}", file=sys.stderr)
+        return 2
     recorded = record.get("dataset_fingerprint") or {"sha256": record.get("fingerprint")}
     if not recorded.get("sha256"):
         print(f"error: {record_path} holds no dataset fingerprint", file=sys.stderr)
         return 2
-    damaged = compare_files(store_files(target), recorded["files"]) if recorded.get("files") else None
+    # Metadata that is not JSON stops zarr before any array is read, with an error that does
+    # not say which file: name it, and the damaged files, without opening the store.
+    unreadable = _unreadable_metadata(target)
+    damaged = _damaged_files(store_files(target), recorded["files"], set(unreadable)) if recorded.get("files") else None
+    if unreadable:
+        problems = [f"{path}: {why}" for path, why in unreadable.items()]
+        print(f"CORRUPT {target}: " + "; ".join(problems + [d for d in damaged or [] if d.split(": ", 1)[0] not in unreadable]))
+        return 1
     try:
         actual = fingerprint(target)
-    except UnreadableArray as exc:
-        print(f"CORRUPT {target}: " + "; ".join([str(exc), *(damaged or [])]))
+    except Exception as exc:  # noqa: BLE001 - a store that cannot be read is damage to report, not a crash
+        print(f"CORRUPT {target}: " + "; ".join([_one_line(exc), *(damaged or [])]))
         return 1
     problems = compare(actual, recorded["sha256"], recorded.get("arrays"))
+    if problems and damaged is None:
+        # zarr reads a chunk whose file is gone as fill values: without the record's file list,
+        # a deleted file would show only as changed content.
+        differing = [p for p in actual.arrays if actual.arrays[p] != (recorded.get("arrays") or {}).get(p)]
+        damaged = _absent_chunk_files(target, differing) or None
     if damaged or problems:
         verdict = "CORRUPT" if damaged else "MISMATCH"
         print(f"{verdict} {target} against {record_path}: " + "; ".join((damaged or []) + problems))
@@ -110,21 +126,77 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _smoke(args: argparse.Namespace) -> int:
-    from dataclasses import asdict, replace
+def _damaged_files(actual: dict[str, str], expected: dict[str, str], unreadable: set[str]) -> list[str] | None:
+    """Damaged and missing files when the store has the recorded layout, or that layout less some
+    files; None for another layout (a re-chunked copy, judged by its content alone).
 
-    from policypipe.config import ConfigError, from_mapping, read_section
-    from policypipe.dataset.windows import WindowConfig
-    from policypipe.training.loop import TrainConfig
+    A store whose readable metadata files all match the record, with no file the record lacks,
+    is the recorded layout: a recorded file it lacks was deleted or never arrived.
+    """
+    from policypipe.dataset.fingerprint import compare_files
+
+    if set(actual) - set(expected):
+        return None
+    metadata = [p for p in actual if p.rsplit("/", 1)[-1] == "zarr.json" and p not in unreadable]
+    if set(actual) != set(expected) and any(actual[p] != expected[p] for p in metadata):
+        return None
+    missing = [f"{p}: missing" for p in sorted(set(expected) - set(actual))]
+    return missing + (compare_files(actual, {p: expected[p] for p in actual}) or [])
+
+
+def _unreadable_metadata(store: Path) -> dict[str, str]:
+    """The store's zarr.json files that are not a JSON object: relative path -> why."""
+    import json
+
+    problems = {}
+    for path in sorted(store.rglob("zarr.json")):
+        try:
+            if not isinstance(json.loads(path.read_bytes()), dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as exc:
+            problems[path.relative_to(store).as_posix()] = f"unreadable metadata ({_one_line(exc)})"
+    return problems
+
+
+def _absent_chunk_files(store: Path, arrays: list[str]) -> list[str]:
+    """Chunk (or shard) files of these arrays that their metadata says exist and are not on disk.
+
+    zarr leaves out chunks that hold only the fill value, so an absent file is damage only in an
+    array whose content differs from the record; only those are checked.
+    """
+    import itertools
+    import math
+
+    import zarr
+
+    root = zarr.open_group(store, mode="r")
+    absent = []
+    for path in arrays:
+        array = root[path]
+        block = array.shards or array.chunks
+        grid = [math.ceil(size / b) for size, b in zip(array.shape, block)]
+        for coords in itertools.product(*(range(n) for n in grid)):
+            key = array.metadata.chunk_key_encoding.encode_chunk_key(coords)
+            if not (store / path / key).is_file():
+                absent.append(f"{path}/{key}: missing")
+    return absent
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
+def _smoke(args: argparse.Namespace) -> int:
+    from policypipe.config import ConfigError, read_section
+    from policypipe.training.loop import train_config_from_params
     from policypipe.training.smoke import run_smoke
 
     try:
-        window = from_mapping(WindowConfig, read_section(args.params, "policy"), "policy")
-        config = from_mapping(TrainConfig, read_section(args.params, "train"), "train")
+        config = train_config_from_params(read_section(args.params, "train"), read_section(args.params, "policy"))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    config = replace(config, model=replace(config.model, **asdict(window)))
     for path in (args.dataset, args.stats):
         if not path.exists():
             print(f"error: {path} not found: run `dvc repro stats` (or `dvc pull`) first", file=sys.stderr)
@@ -147,6 +219,17 @@ def _compare(args: argparse.Namespace) -> int:
     from policypipe.evaluation.evaluate import EvalConfig, compare_policies, verdict
     from policypipe.policy.export import load_policy
 
+    # Each input checked up front: a path that is not there is named as missing, not reported as
+    # a damaged policy or an OS error from deep inside the evaluation.
+    for path, what, fix in (
+        (args.a, "policy", "pass an exported policy folder (data/policy: `dvc repro train` or `dvc pull data/policy`)"),
+        (args.b, "policy", "pass an exported policy folder (data/policy: `dvc repro train` or `dvc pull data/policy`)"),
+        (args.dataset, "dataset", "run `dvc repro convert` (or `dvc pull`) first, or pass --dataset"),
+        (args.stats, "statistics", "run `dvc repro stats` (or `dvc pull`) first, or pass --stats"),
+    ):
+        if not path.exists():
+            print(f"error: {what} {path} is missing: {fix}", file=sys.stderr)
+            return 2
     try:
         config = from_mapping(EvalConfig, read_section(args.params, "eval"), "eval") if args.params.is_file() else EvalConfig()
         a, b = load_policy(args.a), load_policy(args.b)
@@ -184,8 +267,9 @@ def _remote_add(args: argparse.Namespace) -> int:
     except RemoteError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    key_note = "key file in .dvc/config.local (not in git)" if args.keyfile else "no key file: ssh's own choice"
     print(f"remote {args.name!r} = {args.url} ({'default, ' if not args.no_default else ''}downloads verified) in .dvc/config; "
-          f"key file in .dvc/config.local (not in git).\nNext: `policypipe remote check {args.name}`, then `dvc push`.")
+          f"{key_note}.\nNext: `policypipe remote check {args.name}`, then `dvc push`.")
     if target.user is None:
         print("note: the URL names no user: ssh uses your local user name (or ~/.ssh/config).")
     return 0

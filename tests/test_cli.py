@@ -1,0 +1,86 @@
+"""`policypipe verify` and `compare` on damaged or missing inputs: a line that names the problem,
+never a traceback."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from policypipe.atomic import write_json_atomic
+from policypipe.cli import main
+from policypipe.dataset.fingerprint import fingerprint, store_files
+from tests.dataset.conftest import make_store
+
+SHARD = "data/camera0_rgb/c/1/0/0/0"  # frames 10-19 of the image array
+CHUNK = "data/robot0_eef_pos/c/1/0"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """A tiny store, the pipeline's record of it (with every file's hash), and a record without files."""
+    root = tmp_path_factory.mktemp("recorded")
+    make_store(root / "ds.zarr")
+    fp = fingerprint(root / "ds.zarr")
+    full = {"dataset_fingerprint": {"sha256": fp.digest, "arrays": fp.arrays, "files": store_files(root / "ds.zarr")}}
+    write_json_atomic(root / "stats.json", full)
+    write_json_atomic(root / "dataset.json", {"fingerprint": fp.digest})  # metrics/dataset.json holds only the digest
+    return root / "ds.zarr", root / "stats.json", root / "dataset.json"
+
+
+@pytest.fixture
+def store(recorded, tmp_path: Path) -> Path:
+    shutil.copytree(recorded[0], tmp_path / "ds.zarr")
+    return tmp_path / "ds.zarr"
+
+
+def verify(store: Path, record: Path, capsys) -> tuple[int, str, str]:
+    code = main(["verify", str(store), "--record", str(record)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_verify_still_says_ok_on_an_intact_copy(recorded, store: Path, capsys) -> None:
+    for record in recorded[1:]:
+        code, out, _ = verify(store, record, capsys)
+        assert code == 0 and out.startswith("OK ")
+
+
+@pytest.mark.parametrize("deleted", [SHARD, CHUNK])
+@pytest.mark.parametrize("record", ["files recorded", "digest only"])
+def test_verify_names_a_deleted_chunk_file(recorded, store: Path, capsys, deleted: str, record: str) -> None:
+    (store / deleted).unlink()
+    code, out, err = verify(store, recorded[1] if record == "files recorded" else recorded[2], capsys)
+    assert code == 1, out + err
+    assert out.startswith("CORRUPT ") and f"{deleted}: missing" in out
+
+
+@pytest.mark.parametrize("metadata", ["zarr.json", "data/robot0_eef_pos/zarr.json", "data/zarr.json"])
+@pytest.mark.parametrize("record", ["files recorded", "digest only"])
+def test_verify_reports_a_garbage_zarr_json_as_corrupt(recorded, store: Path, capsys, metadata: str, record: str) -> None:
+    (store / metadata).write_bytes(bytes(range(256)) * 3)  # not JSON, not even UTF-8
+    code, out, err = verify(store, recorded[1] if record == "files recorded" else recorded[2], capsys)
+    assert code == 1, out + err
+    assert out.startswith("CORRUPT ") and f"{metadata}: " in out
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory) -> Path:
+    from policypipe.policy.diffusion import DiffusionPolicy
+    from policypipe.policy.export import save_policy
+    from tests.training.conftest import MODEL
+
+    folder = tmp_path_factory.mktemp("policy") / "policy"
+    save_policy(folder, DiffusionPolicy(MODEL), {})
+    return folder
+
+
+@pytest.mark.parametrize("missing", ["a", "b", "dataset", "stats"])
+def test_compare_with_a_missing_input_says_which_is_missing(recorded, policy: Path, tmp_path: Path, capsys, missing: str) -> None:
+    paths = {"a": policy, "b": policy, "dataset": recorded[0], "stats": recorded[1]} | {missing: tmp_path / "nowhere"}
+    code = main(["compare", str(paths["a"]), str(paths["b"]), "--dataset", str(paths["dataset"]),
+                 "--stats", str(paths["stats"]), "--params", str(tmp_path / "params.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and f"{tmp_path / 'nowhere'} is missing" in err and err.count("\n") == 1
