@@ -424,3 +424,119 @@ def test_a_full_disk_under_the_store_keeps_the_previous_dataset(tmp_path: Path, 
         convert(export, out, config=replace(CONFIG, image_size=(320, 240)), cache=tmp_path / "cache")
     assert str(failure.value).startswith(f"no space left on the device writing the dataset {out}: it needs about")
     assert sha256_path(out) == before and _leftovers(small_disk) == []
+
+
+# ---------------------------------------------------------------- one export, every kind of damage
+
+
+def _write_recording(export: Path, stem: str, seed: int, *, camera: str = "image", image_size=(96, 72), edit=None):
+    """A triplet whose `_vio.mcap` messages pass through `edit` first; returns its messages as written."""
+    from dataclasses import replace as replace_fields
+
+    from policypipe.recordings.sample import simulate_recording, write_simulated_raw, write_simulated_vio
+
+    rng = np.random.default_rng(seed)
+    plan = plan_motion(rng, START_NS + seed * 60_000_000_000, duration_s=2.0)
+    timing = StreamTiming(camera_start_s=0.05, pose_start_s=0.1, width_start_s=0.02, width_stop_s=0.2)
+    rec = simulate_recording(plan, timing, rng, camera=camera, image_size=image_size)
+    messages = tuple(edit(list(rec.vio_messages)) if edit else rec.vio_messages)
+    write_simulated_vio(export / f"{stem}_vio.mcap", replace_fields(rec, vio_messages=messages))
+    write_simulated_raw(export / f"{stem}.mcap", rec)
+    write_status(export / f"{stem}_vio.json", stem, frames=rec.truth.frames)
+    return rec
+
+
+def _camera_indices(messages) -> list[int]:
+    return [i for i, m in enumerate(messages) if m.channel in ("image", "video")]
+
+
+def _by_stem(store: Path) -> dict[str, dict[str, np.ndarray]]:
+    root, spans = episodes(store)
+    out = {}
+    for record, (start, end) in zip(root.attrs[layout.ATTRS_EPISODES], spans):
+        ns = record["start_ns"] + np.round(root[layout.TIMESTAMP][start:end] * 1e9).astype(np.int64)
+        out[record["stem"]] = {"capture_ns": ns} | {
+            key: root[key][start:end] for key in (layout.RGB, layout.EEF_POS, layout.EEF_ROT, layout.GRIPPER_WIDTH)
+        }
+    return out
+
+
+def _flip_middle_chunk(path: Path) -> int:
+    """Flips 64 bytes inside the middle chunk of a file whose footer and summary stay valid;
+    returns the chunk's offset."""
+    from mcap.reader import make_reader
+
+    with open(path, "rb") as f:
+        chunks = sorted(make_reader(f).get_summary().chunk_indexes, key=lambda c: c.chunk_start_offset)
+    chunk = chunks[len(chunks) // 2]
+    data = bytearray(path.read_bytes())
+    middle = chunk.chunk_start_offset + chunk.chunk_length // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    path.write_bytes(bytes(data))
+    return chunk.chunk_start_offset
+
+
+def test_an_export_mixing_good_and_damaged_recordings_keeps_every_good_one_byte_identical(tmp_path: Path) -> None:
+    clean, mixed = tmp_path / "clean", tmp_path / "mixed"
+    clean.mkdir(), mixed.mkdir()
+    good = {"a_image": (1, "image"), "b_image": (2, "image"), "c_video": (3, "video")}
+    for export in (clean, mixed):
+        for stem, (seed, camera) in good.items():
+            _write_recording(export, stem, seed, camera=camera)
+    # The damaged ones, each also written undamaged to know what it should keep.
+    reference = tmp_path / "undamaged"
+    reference.mkdir()
+    for export in (mixed, reference):
+        # 640x480: a 256 KiB chunk then holds a few frames, and the file has many chunks.
+        rec_d = _write_recording(export, "d_damaged_chunk", 4, image_size=(640, 480))
+        _write_recording(export, "f_empty_message", 6)
+    rec_e = _write_recording(reference, "e_lost_packet", 5, camera="video")
+    cam = _camera_indices(rec_e.vio_messages)
+    lost_packet = 10  # mid-GOP (an IDR every 30 packets): packets 11-29 reference it
+    _write_recording(mixed, "e_lost_packet", 5, camera="video", edit=lambda m: m[: cam[lost_packet]] + m[cam[lost_packet] + 1 :])
+    _write_recording(mixed, "f_empty_message", 6, edit=lambda m: [
+        replace(x, data=b"") if i == _camera_indices(m)[20] else x for i, x in enumerate(m)
+    ])
+    _flip_middle_chunk(mixed / "d_damaged_chunk_vio.mcap")
+    rec_g = _write_recording(mixed, "g_4k", 7, image_size=(3840, 2160))
+
+    result = convert(mixed, tmp_path / "mixed.zarr")
+    convert(clean, tmp_path / "clean.zarr")
+    convert(reference, tmp_path / "undamaged.zarr")
+
+    assert [e["stem"] for e in result.excluded] == []
+    got, want, undamaged = _by_stem(tmp_path / "mixed.zarr"), _by_stem(tmp_path / "clean.zarr"), _by_stem(tmp_path / "undamaged.zarr")
+    for stem in good:  # byte-identical to a run without the damaged recordings
+        for key in want[stem]:
+            np.testing.assert_array_equal(got[stem][key], want[stem][key], err_msg=f"{stem} {key}")
+    report = {e["stem"]: e for e in result.episodes}
+    for stem, ep in report.items():  # every frame read is kept or counted in `dropped`, by reason
+        assert ep["frames"] == ep["frames_in"] - sum(ep["dropped"].values()), stem
+    assert {report[s]["camera_topic"] for s in good} == {"/camera0/image", "/camera0/video"}
+
+    # A damaged chunk: its messages are lost and counted, every other chunk is kept.
+    d = report["d_damaged_chunk"]
+    assert d["truncated"] is False and d["lost_messages"]["camera"] > 0
+    assert d["frames_in"] + d["lost_messages"]["camera"] == rec_d.truth.frames
+    assert any("CRC" in w or "chunk at byte" in w for w in d["warnings"])
+    kept = set(got["d_damaged_chunk"]["capture_ns"].tolist())
+    assert kept < set(undamaged["d_damaged_chunk"]["capture_ns"].tolist())
+    assert len(undamaged["d_damaged_chunk"]["capture_ns"]) - len(kept) <= d["lost_messages"]["camera"] + 2
+
+    # A lost H.264 packet: exactly the frames that reference it are dropped until the next keyframe.
+    e = report["e_lost_packet"]
+    lost_times = {int(t) for t in rec_e.truth.camera_ns[lost_packet:30]}
+    expected = [t for t in undamaged["e_lost_packet"]["capture_ns"].tolist() if t not in lost_times]
+    assert got["e_lost_packet"]["capture_ns"].tolist() == expected
+    assert e["dropped"]["h264_reference_lost"] == 29 - lost_packet
+    keep = np.isin(undamaged["e_lost_packet"]["capture_ns"], expected)
+    np.testing.assert_array_equal(got["e_lost_packet"][layout.RGB], undamaged["e_lost_packet"][layout.RGB][keep])
+
+    # A zero-length message: one undecodable frame, nothing else changes.
+    f = report["f_empty_message"]
+    assert f["dropped"]["undecodable"] == 1, f
+    assert set(got["f_empty_message"]["capture_ns"].tolist()) < set(undamaged["f_empty_message"]["capture_ns"].tolist())
+    assert len(undamaged["f_empty_message"]["capture_ns"]) - len(got["f_empty_message"]["capture_ns"]) <= 1
+
+    # A 4K recording: resized like any other.
+    assert got["g_4k"][layout.RGB].shape[1:] == (48, 64, 3) and report["g_4k"]["frames_in"] == rec_g.truth.frames

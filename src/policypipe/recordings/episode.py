@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -19,6 +18,7 @@ import cv2
 import numpy as np
 from scipy.spatial.transform import Rotation, Slerp
 
+from policypipe.recordings.h264 import Verdict, check_references
 from policypipe.recordings.streams import RecordingError, Streams, Topics
 
 log = logging.getLogger(__name__)
@@ -135,9 +135,6 @@ def missing_slots(capture_ns: np.ndarray) -> np.ndarray:
 UNDECODABLE = "undecodable"  # empty or corrupt bytes, or the decoder failed on them
 REFERENCE_LOST = "h264_reference_lost"  # decodes, but against a reference frame that was lost
 
-NAL_IDR_SLICE = 5  # H.264 nal_unit_type of a slice of an IDR picture
-_START_CODE = b"\x00\x00\x01"  # Annex B; the 4-byte form 00 00 00 01 ends in it
-
 
 @dataclass
 class DecodedFrames:
@@ -190,18 +187,19 @@ def _decode_still_into(data: bytes, out: np.ndarray) -> str | None:
 def _decode_h264(streams: Streams, out: np.ndarray) -> list[str | None]:
     """Decodes the stream in file order into `out` (M, H, W, 3); returns the reason per message.
 
-    A P frame decodes against earlier frames. After a lost packet, or a packet the decoder
-    fails on, every frame up to the next IDR picture decodes against the wrong reference:
-    the decoder conceals the damage silently (it neither raises nor flags the frame corrupt),
-    so those frames are dropped here as REFERENCE_LOST. A lost packet shows as a missing slot
-    in the capture times (file order is decode order). A camera that drops a frame *before*
-    encoding leaves the same gap over an intact bitstream; timestamps cannot tell the two
-    apart, so those frames are dropped too, conservatively.
+    A P or B picture decodes against earlier reference pictures. After a lost reference, or a
+    packet the decoder fails on, every picture up to the next IDR decodes against the wrong
+    reference: the decoder conceals the damage silently (it neither raises nor flags the frame
+    corrupt), so those frames are dropped here as REFERENCE_LOST. A lost reference shows in
+    the bitstream itself, as a gap in the slice headers' frame_num (`h264.check_references`),
+    never in the capture times: a camera that drops a frame before encoding leaves a
+    timestamp gap over an intact stream (a camera gap, counted elsewhere, not a loss), and
+    with B-frames file order is not time order. Packets that cannot be read (empty ones
+    included) are UNDECODABLE and never reach the decoder, like lost ones.
     """
     codec = av.CodecContext.create("h264", "r")
     codec.thread_count = 1  # decoded pixels must not depend on the machine's core count
     count = len(streams.camera_data)
-    gap_before = np.concatenate([[False], missing_slots(streams.camera_ns) > 0])
     dropped: list[str | None] = [UNDECODABLE] * count  # until the decoder hands the frame back
     reference_lost = np.zeros(count, dtype=bool)
 
@@ -213,55 +211,31 @@ def _decode_h264(streams: Streams, out: np.ndarray) -> list[str | None]:
                 out[index] = _resize(frame.to_ndarray(format="rgb24"), (out.shape[2], out.shape[1]))
                 dropped[index] = None
 
-    # Frames before the first IDR have nothing to reference either.
-    has_reference = False
-    for index, data in enumerate(streams.camera_data):
-        if _is_idr(data):
-            has_reference = True
-        elif gap_before[index]:
-            has_reference = False
-        if not data:  # an empty packet tells the decoder "end of stream": never send one
-            has_reference = False
+    # The decoder failed on a packet since the last IDR: what that cost its references does
+    # not show in the bitstream, so everything up to the next IDR is suspect.
+    decoder_failed = False
+    for index, (data, check) in enumerate(zip(streams.camera_data, check_references(streams.camera_data))):
+        if check.verdict is Verdict.UNREADABLE:
+            # Never sent: an empty packet would tell the decoder "end of stream", and a
+            # damaged one would leave a concealed picture among its references.
             continue
-        reference_lost[index] = not has_reference
+        if check.idr:
+            decoder_failed = False
+        reference_lost[index] = check.verdict is Verdict.BROKEN or decoder_failed
         packet = av.Packet(data)
         packet.pts = packet.dts = index  # the message's identity travels with the packet
         try:
             collect(codec.decode(packet))
         except av.error.FFmpegError as exc:
             # With its references intact the packet's own bytes are at fault (UNDECODABLE); with
-            # them lost the failure is theirs (e.g. the lost packet carried the SPS/PPS).
+            # them lost the failure is theirs.
             log.debug("undecodable H.264 packet %d: %s", index, exc)
-            has_reference = False
+            decoder_failed = True
     try:
         collect(codec.decode(None))
     except av.error.FFmpegError:
         pass
     return [REFERENCE_LOST if lost else reason for lost, reason in zip(reference_lost, dropped)]
-
-
-def _nal_unit_types(data: bytes) -> Iterator[int]:
-    """nal_unit_type of each NAL unit of an Annex B packet, in order.
-
-    Emulation prevention keeps 00 00 01 out of every NAL unit's payload, so a plain search
-    finds exactly the start codes.
-    """
-    start = data.find(_START_CODE)
-    while 0 <= start < len(data) - len(_START_CODE):
-        yield data[start + len(_START_CODE)] & 0x1F
-        start = data.find(_START_CODE, start + len(_START_CODE))
-
-
-def _is_idr(data: bytes) -> bool:
-    """Whether the packet holds an IDR picture: nothing after it references anything before.
-
-    Only the first slice is read (types 1-5): the slices of one picture are all IDR or none,
-    and the search stops before the slice data.
-    """
-    for nal_type in _nal_unit_types(data):
-        if 1 <= nal_type <= NAL_IDR_SLICE:
-            return nal_type == NAL_IDR_SLICE
-    return False
 
 
 def _resize(image: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
@@ -336,7 +310,7 @@ def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
         # packet before them (and the hole they leave is counted as camera gaps, like a drop).
         warnings.append(
             f"{reasons[REFERENCE_LOST]} H.264 frames dropped: they reference a lost or undecodable packet "
-            "(a gap in the camera timestamps, or before the first keyframe); kept again from the next keyframe"
+            "(a frame_num gap in the bitstream, or before the first keyframe); kept again from the next keyframe"
         )
     out_of_order = int((np.diff(camera_ns) <= 0).sum())
     if out_of_order:
