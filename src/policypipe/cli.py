@@ -70,7 +70,7 @@ def _find_record(target: Path) -> Path | None:
 def _verify(args: argparse.Namespace) -> int:
     import json
 
-    from policypipe.dataset.fingerprint import compare, fingerprint, store_files
+    from policypipe.dataset.verify import one_line, verify_store
 
     target: Path = args.path
     if (target / "manifest.json").is_file():  # an exported policy or a checkpoint
@@ -92,99 +92,20 @@ def _verify(args: argparse.Namespace) -> int:
     try:
         record = json.loads(Path(record_path).read_text())
     except (OSError, ValueError) as exc:
-        print(f"error: cannot read the record {record_path}: {_one_line(exc)}", file=sys.stderr)
+        print(f"error: cannot read the record {record_path}: {one_line(exc)}", file=sys.stderr)
         return 2
     recorded = record.get("dataset_fingerprint") or {"sha256": record.get("fingerprint")}
     if not recorded.get("sha256"):
         print(f"error: {record_path} holds no dataset fingerprint", file=sys.stderr)
         return 2
-    # Metadata that is not JSON stops zarr before any array is read, with an error that does
-    # not say which file: name it, and the damaged files, without opening the store.
-    unreadable = _unreadable_metadata(target)
-    damaged = _damaged_files(store_files(target), recorded["files"], set(unreadable)) if recorded.get("files") else None
-    if unreadable:
-        problems = [f"{path}: {why}" for path, why in unreadable.items()]
-        print(f"CORRUPT {target}: " + "; ".join(problems + [d for d in damaged or [] if d.split(": ", 1)[0] not in unreadable]))
+    verdict = verify_store(target, recorded)
+    against = "" if verdict.status == "CORRUPT" and verdict.unopened else f" against {record_path}"
+    if verdict.status != "OK":
+        print(f"{verdict.status} {target}{against}: " + "; ".join(verdict.problems))
         return 1
-    try:
-        actual = fingerprint(target)
-    except Exception as exc:  # noqa: BLE001 - a store that cannot be read is damage to report, not a crash
-        print(f"CORRUPT {target}: " + "; ".join([_one_line(exc), *(damaged or [])]))
-        return 1
-    problems = compare(actual, recorded["sha256"], recorded.get("arrays"))
-    if problems and damaged is None:
-        # zarr reads a chunk whose file is gone as fill values: without the record's file list,
-        # a deleted file would show only as changed content.
-        differing = [p for p in actual.arrays if actual.arrays[p] != (recorded.get("arrays") or {}).get(p)]
-        damaged = _absent_chunk_files(target, differing) or None
-    if damaged or problems:
-        verdict = "CORRUPT" if damaged else "MISMATCH"
-        print(f"{verdict} {target} against {record_path}: " + "; ".join((damaged or []) + problems))
-        return 1
-    layout_note = "" if damaged is not None else " (content; stored in another layout than recorded)"
-    print(f"OK {target} fingerprint {actual.digest} matches {record_path}{layout_note}")
+    layout_note = "" if verdict.same_layout else " (content; stored in another layout than recorded)"
+    print(f"OK {target} fingerprint {verdict.digest} matches {record_path}{layout_note}")
     return 0
-
-
-def _damaged_files(actual: dict[str, str], expected: dict[str, str], unreadable: set[str]) -> list[str] | None:
-    """Damaged and missing files when the store has the recorded layout, or that layout less some
-    files; None for another layout (a re-chunked copy, judged by its content alone).
-
-    A store whose readable metadata files all match the record, with no file the record lacks,
-    is the recorded layout: a recorded file it lacks was deleted or never arrived.
-    """
-    from policypipe.dataset.fingerprint import compare_files
-
-    if set(actual) - set(expected):
-        return None
-    metadata = [p for p in actual if p.rsplit("/", 1)[-1] == "zarr.json" and p not in unreadable]
-    if set(actual) != set(expected) and any(actual[p] != expected[p] for p in metadata):
-        return None
-    missing = [f"{p}: missing" for p in sorted(set(expected) - set(actual))]
-    return missing + (compare_files(actual, {p: expected[p] for p in actual}) or [])
-
-
-def _unreadable_metadata(store: Path) -> dict[str, str]:
-    """The store's zarr.json files that are not a JSON object: relative path -> why."""
-    import json
-
-    problems = {}
-    for path in sorted(store.rglob("zarr.json")):
-        try:
-            if not isinstance(json.loads(path.read_bytes()), dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError) as exc:
-            problems[path.relative_to(store).as_posix()] = f"unreadable metadata ({_one_line(exc)})"
-    return problems
-
-
-def _absent_chunk_files(store: Path, arrays: list[str]) -> list[str]:
-    """Chunk (or shard) files of these arrays that their metadata says exist and are not on disk.
-
-    zarr leaves out chunks that hold only the fill value, so an absent file is damage only in an
-    array whose content differs from the record; only those are checked.
-    """
-    import itertools
-    import math
-
-    import zarr
-
-    root = zarr.open_group(store, mode="r")
-    absent = []
-    for path in arrays:
-        array = root[path]
-        block = array.shards or array.chunks
-        grid = [math.ceil(size / b) for size, b in zip(array.shape, block)]
-        for coords in itertools.product(*(range(n) for n in grid)):
-            key = array.metadata.chunk_key_encoding.encode_chunk_key(coords)
-            if not (store / path / key).is_file():
-                absent.append(f"{path}/{key}: missing")
-    return absent
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:200]}"
 
 
 def _smoke(args: argparse.Namespace) -> int:
