@@ -540,3 +540,25 @@ def test_an_export_mixing_good_and_damaged_recordings_keeps_every_good_one_byte_
 
     # A 4K recording: resized like any other.
     assert got["g_4k"][layout.RGB].shape[1:] == (48, 64, 3) and report["g_4k"]["frames_in"] == rec_g.truth.frames
+
+
+def test_a_recording_that_kills_its_worker_process_is_excluded_and_the_others_kept(tmp_path: Path, monkeypatch) -> None:
+    # Stands for the kernel's out-of-memory killer or a crash inside a decoder: the worker dies.
+    import policypipe.dataset.convert as convert_module
+
+    def read_streams(path: Path, topics):
+        if path.name.startswith("b_"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_read_streams(path, topics)
+
+    real_read_streams = convert_module.read_streams
+    monkeypatch.setattr(convert_module, "read_streams", read_streams)  # forked workers inherit it
+    export = tmp_path / "export"
+    export.mkdir()
+    for i, stem in enumerate(["a_good", "b_dies", "c_good", "d_good"]):
+        add_recording(export, stem, 70 + i)
+
+    result = convert(export, tmp_path / "ds.zarr", config=replace(CONFIG, workers=2))
+
+    assert [e["stem"] for e in result.episodes] == ["a_good", "c_good", "d_good"]
+    assert [(e["stem"], e["excluded"]) for e in result.excluded] == [("b_dies", "worker_died")]

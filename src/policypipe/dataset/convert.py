@@ -26,6 +26,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import median
@@ -249,18 +250,50 @@ def _convert_all(
         _worker_init()
         results: Iterator[dict] = (convert_recording(r, config, cache_dir) for r in inputs)
         return [_report(progress, r) for r in results]
-    # fork where there is one: a spawned worker spends ~0.7 s importing what the parent has
-    # loaded already. Nothing here has started zarr's I/O thread yet (the store is written after).
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_worker_init) as pool:
+    with _pool(workers) as pool:
         futures = [pool.submit(convert_recording, r, config, cache_dir) for r in inputs]
+        records = []
         try:
-            return [_report(progress, f.result()) for f in futures]
+            for rec, future in zip(inputs, futures):
+                try:
+                    record = future.result()
+                except BrokenProcessPool:
+                    # A worker died (the kernel's out-of-memory killer, a crash inside a decoder):
+                    # the pool is gone and which recording killed it is unknown. Every recording
+                    # not finished yet gets a process of its own, so only the culprit is lost.
+                    record = _convert_in_own_process(rec, config, cache_dir)
+                records.append(_report(progress, record))
         except DiskFullError:
             # Recordings not started yet never start; running ones fail on the same disk and
             # remove their own temporary files before the pool is left.
             pool.shutdown(wait=True, cancel_futures=True)
             raise
+        return records
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    # fork where there is one: a spawned worker spends ~0.7 s importing what the parent has
+    # loaded already. Nothing here has started zarr's I/O thread yet (the store is written after).
+    # OpenCV's thread pool is stopped first: a child forked while the parent's pool threads
+    # exist hangs for good in its first cv2.setNumThreads (tested).
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    _worker_init()
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_worker_init)
+
+
+def _convert_in_own_process(rec: RecordingInput, config: ConvertConfig, cache_dir: Path) -> dict[str, Any]:
+    with _pool(1) as pool:
+        try:
+            return pool.submit(convert_recording, rec, config, cache_dir).result()
+        except BrokenProcessPool:
+            log.error("%s: the conversion process died", rec.vio_path)
+    # Not cached: a machine with more memory, or a fixed decoder, tries again.
+    return {
+        "stem": rec.stem, "vio_sha256": rec.vio_sha256, "truncated": rec.truncated, "key": cache_key(rec, config),
+        "excluded": "worker_died",
+        "detail": "the process converting it died (killed by the system, e.g. out of memory, or a crash inside a "
+        "decoder); check the machine's memory and the recording",
+    }
 
 
 def _convert_all_or_disk_full(
