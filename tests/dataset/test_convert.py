@@ -542,7 +542,10 @@ def test_an_export_mixing_good_and_damaged_recordings_keeps_every_good_one_byte_
     assert got["g_4k"][layout.RGB].shape[1:] == (48, 64, 3) and report["g_4k"]["frames_in"] == rec_g.truth.frames
 
 
-def test_a_recording_that_kills_its_worker_process_is_excluded_and_the_others_kept(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_recording_that_kills_its_worker_process_is_excluded_and_the_others_kept(
+    tmp_path: Path, monkeypatch, workers: int
+) -> None:
     # Stands for the kernel's out-of-memory killer or a crash inside a decoder: the worker dies.
     import policypipe.dataset.convert as convert_module
 
@@ -558,7 +561,50 @@ def test_a_recording_that_kills_its_worker_process_is_excluded_and_the_others_ke
     for i, stem in enumerate(["a_good", "b_dies", "c_good", "d_good"]):
         add_recording(export, stem, 70 + i)
 
-    result = convert(export, tmp_path / "ds.zarr", config=replace(CONFIG, workers=2))
+    result = convert(export, tmp_path / "ds.zarr", config=replace(CONFIG, workers=workers))
 
     assert [e["stem"] for e in result.episodes] == ["a_good", "c_good", "d_good"]
     assert [(e["stem"], e["excluded"]) for e in result.excluded] == [("b_dies", "worker_died")]
+
+
+def test_a_renamed_recording_is_not_served_its_old_name_from_the_cache(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    add_recording(export, "old_name", 11)
+    cache = tmp_path / "cache"
+    convert(export, tmp_path / "first.zarr", cache=cache)
+    for suffix in (".mcap", "_vio.mcap"):
+        (export / f"old_name{suffix}").rename(export / f"new_name{suffix}")
+    (export / "old_name_vio.json").unlink()
+    write_status(export / "new_name_vio.json", "new_name", frames=5)  # and a status json that disagrees
+
+    result = convert(export, tmp_path / "second.zarr", cache=cache)
+
+    root, _ = episodes(tmp_path / "second.zarr")
+    assert [r["stem"] for r in root.attrs[layout.ATTRS_EPISODES]] == ["new_name"]
+    assert any("status json says 5 frames" in w for w in result.episodes[0]["warnings"])
+
+
+def test_an_unreadable_cache_entry_is_converted_again(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    add_recording(export, "a", 12)
+    cache = tmp_path / "cache"
+    convert(export, tmp_path / "first.zarr", cache=cache)
+    (record,) = cache.glob("*/*.json")
+    record.write_text("{ half a reco")
+
+    convert(export, tmp_path / "second.zarr", cache=cache)
+
+    assert sha256_path(tmp_path / "second.zarr") == sha256_path(tmp_path / "first.zarr")
+
+
+def test_the_cache_folder_keeps_what_the_converter_did_not_put_there(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    add_recording(export, "a", 13)
+    cache = tmp_path / "cache"
+    (cache / "notes").mkdir(parents=True)
+    (cache / "v1").mkdir()  # an older converter's entries: removed
+    convert(export, tmp_path / "ds.zarr", cache=cache)
+    assert (cache / "notes").is_dir() and not (cache / "v1").exists()

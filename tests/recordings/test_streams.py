@@ -348,6 +348,7 @@ BAD_MESSAGES = {
     "pose beyond int64": ("/vio/pose", pose_message(2**62), "pose", "beyond int64"),
     "malformed width": ("/gripper/width", b'{"stamp_ns": 17621600', "width", "malformed JSON"),
     "width without value": ("/gripper/width", b'{"stamp_ns": 1762160000000000000}', "width", "malformed JSON"),
+    "width nested too deeply": ("/gripper/width", b"[" * 100_000 + b"]" * 100_000, "width", "malformed JSON"),
     "width beyond int64": ("/gripper/width", b'{"stamp_ns": 1180591620717411303424, "width_m": 0.05}', "width", "beyond int64"),
 }
 
@@ -472,3 +473,17 @@ def test_every_real_public_mcap_is_a_missing_topic(tmp_path: Path) -> None:
             read_streams(sample, Topics())
         assert info.value.reason == "missing_topic", sample.name
         assert "no messages on /camera0/image or /camera0/video" in str(info.value), sample.name
+
+
+def test_without_a_summary_a_chunk_with_a_bad_crc_stops_reading_and_says_so(items: list[Item], tmp_path: Path) -> None:
+    # Uncompressed chunks: a flipped byte inside a frame still parses, and only the CRC tells.
+    path = write_items(tmp_path / "r_vio.mcap", items, compression=CompressionType.NONE, summary=False)
+    cameras = [it for it in items if it.topic == "/camera0/image"]
+    victim = cameras[len(cameras) // 2].data
+    data = path.read_bytes()
+    flip_bytes(path, data.index(victim) + len(victim) // 2, 4)
+
+    streams = read_streams(path, Topics())
+
+    assert streams.truncated is not None and "CRC" in streams.truncated
+    assert 0 < len(streams.camera_ns) < len(cameras)

@@ -21,10 +21,11 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import shutil
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
@@ -132,7 +133,12 @@ def conversion_params(config: ConvertConfig) -> dict[str, Any]:
 
 
 def cache_key(rec: RecordingInput, config: ConvertConfig) -> str:
-    blob = canonical_json({"converter": converter_digest(), "vio_sha256": rec.vio_sha256, "params": conversion_params(config)})
+    # The record holds the stem, the manifest's `truncated` and a warning from the status json's
+    # frame count too: a renamed recording or a new status file must not be served the old ones.
+    blob = canonical_json({
+        "converter": converter_digest(), "vio_sha256": rec.vio_sha256, "params": conversion_params(config),
+        "stem": rec.stem, "truncated": rec.truncated, "expected_frames": rec.expected_frames,
+    })
     return hashlib.sha256(blob).hexdigest()
 
 
@@ -149,21 +155,23 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
     """
     key = cache_key(rec, config)
     record_path = cache_dir / f"{key}.json"
-    if record_path.is_file():
-        return json.loads(record_path.read_text())
+    if (cached := _cached_record(record_path)) is not None:
+        return cached
     record: dict[str, Any] = {"stem": rec.stem, "vio_sha256": rec.vio_sha256, "truncated": rec.truncated, "key": key}
     try:
         episode = build_episode(read_streams(rec.vio_path, config.topics), config)
-    except RecordingError as exc:
-        record |= {"excluded": exc.reason, "detail": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - one recording must never stop the others
-        return record | _unexpected_failure(rec, exc)
-    else:
         if rec.expected_frames is not None and rec.expected_frames != episode.frames_in:
             episode.warnings.append(
                 f"status json says {rec.expected_frames} frames, the recording has {episode.frames_in} (truncated copy?)"
             )
         _save_arrays(cache_dir / f"{key}.npz", episode, config.jpeg_quality)
+    except RecordingError as exc:
+        record |= {"excluded": exc.reason, "detail": str(exc)}
+    except DiskFullError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one recording must never stop the others
+        return record | _unexpected_failure(rec, exc)
+    else:
         record |= {
             "start_ns": int(episode.capture_ns[0]),
             "frames": len(episode.capture_ns),
@@ -173,6 +181,8 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
             "camera_gaps": episode.camera_gaps,
             "camera_topic": episode.camera_topic,
             "lost_messages": episode.lost_messages,
+            # Why reading stopped before the file's end (no index to skip the damage), or None.
+            "read_stopped": episode.read_stopped,
             "warnings": episode.warnings,
         }
     # The record is written last: its presence means the entry is complete. It is returned as
@@ -180,6 +190,22 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
     blob = canonical_json(record)
     _write_cache_file(record_path, blob, frames=record.get("frames", 0))
     return json.loads(blob)
+
+
+def _cached_record(record_path: Path) -> dict[str, Any] | None:
+    """The cached record, or None: an entry that cannot be read (a damaged disk, a hand edit) is
+    a miss and is converted again."""
+    try:
+        record = json.loads(record_path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("%s: unreadable cache entry, converting again: %s", record_path, exc)
+        return None
+    if "excluded" not in record and not record_path.with_suffix(".npz").is_file():
+        log.warning("%s: cache entry without its arrays, converting again", record_path)
+        return None
+    return record
 
 
 def _unexpected_failure(rec: RecordingInput, exc: Exception) -> dict[str, Any]:
@@ -245,11 +271,9 @@ def _worker_init() -> None:
 def _convert_all(
     inputs: list[RecordingInput], config: ConvertConfig, cache_dir: Path, progress: Callable[[dict], None] | None
 ) -> list[dict[str, Any]]:
+    # Always in worker processes, even one: a recording that kills its process (the kernel's
+    # out-of-memory killer, a crash inside a decoder) must not take the stage with it.
     workers = min(config.workers or os.cpu_count() or 1, max(len(inputs), 1))
-    if workers == 1:
-        _worker_init()
-        results: Iterator[dict] = (convert_recording(r, config, cache_dir) for r in inputs)
-        return [_report(progress, r) for r in results]
     with _pool(workers) as pool:
         futures = [pool.submit(convert_recording, r, config, cache_dir) for r in inputs]
         records = []
@@ -263,9 +287,9 @@ def _convert_all(
                     # not finished yet gets a process of its own, so only the culprit is lost.
                     record = _convert_in_own_process(rec, config, cache_dir)
                 records.append(_report(progress, record))
-        except DiskFullError:
-            # Recordings not started yet never start; running ones fail on the same disk and
-            # remove their own temporary files before the pool is left.
+        except BaseException:
+            # A full disk (or Ctrl-C): recordings not started yet never start; running ones fail
+            # on the same disk, or finish, and remove their own temporary files before the pool is left.
             pool.shutdown(wait=True, cancel_futures=True)
             raise
         return records
@@ -303,9 +327,12 @@ def _convert_all_or_disk_full(
         return _convert_all(inputs, config, cache_dir, progress)
     except DiskFullError as exc:
         # Scale what the failed entry needed to every recording not converted yet.
-        per_frame = exc.needed / exc.frames if exc.frames else exc.needed
         todo = [r for r in inputs if not (cache_dir / f"{cache_key(r, config)}.json").is_file()]
-        frames = sum(r.expected_frames or exc.frames or 1 for r in todo)
+        if exc.frames:  # the frames of a recording: scale by frame counts
+            per_frame = exc.needed / exc.frames
+            frames = sum(r.expected_frames or exc.frames for r in todo)
+        else:  # a record file: one per recording
+            per_frame, frames = exc.needed, len(todo)
         raise DatasetError(
             f"{exc}. The conversion cache needs about {_mb(per_frame * frames)} more for the {len(todo)} "
             f"recording(s) not converted yet, and {cache_dir} has {_mb(shutil.disk_usage(cache_dir).free)} free. "
@@ -346,7 +373,8 @@ class ConversionResult:
             "frames_dropped_by_reason": dict(sorted(dropped.items())),
             # Messages in damaged chunks or unparseable, per stream: the file lost them, not convert.
             "messages_lost_by_stream": dict(sorted(lost.items())),
-            "episodes_from_damaged_files": sum(1 for ep in self.episodes if ep["lost_messages"]),
+            "episodes_from_damaged_files": sum(1 for ep in self.episodes if ep["lost_messages"] or ep["read_stopped"]),
+            "episodes_read_only_up_to_damage": sum(1 for ep in self.episodes if ep["read_stopped"]),
             "recordings_excluded": len(self.excluded),
             "recordings_excluded_by_reason": dict(sorted(Counter(e["excluded"] for e in self.excluded).items())),
             "bytes_per_frame": round(self.store_bytes / max(self.frames, 1), 1),
@@ -391,14 +419,21 @@ def convert_dataset(
     )
 
 
+_CACHE_FOLDER = re.compile(r"[0-9a-f]{16}|v[0-9]+")
+
+
 def _current_cache(cache_root: Path) -> Path:
     """The cache folder of this converter (code and libraries); other converters' entries can
     never be hit again, so their folders are removed."""
     current = cache_root / converter_digest()[:16]
     if cache_root.is_dir():
         for other in cache_root.iterdir():
-            if other != current and other.is_dir():
+            # Only folders named as this function names them (and the old v1, v2, ...): a
+            # --cache pointed at a folder that holds anything else must not lose it.
+            if other != current and other.is_dir() and _CACHE_FOLDER.fullmatch(other.name):
                 shutil.rmtree(other, ignore_errors=True)
+        for stale in current.glob(".*.tmp*") if current.is_dir() else ():
+            stale.unlink(missing_ok=True)  # left by a worker that was killed mid-write
     current.mkdir(parents=True, exist_ok=True)
     return current
 

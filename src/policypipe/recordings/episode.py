@@ -83,6 +83,8 @@ class Episode:
     camera_topic: str = ""
     # Messages per stream ("camera", "pose", "width") lost to damage in the file: never read.
     lost_messages: dict[str, int] = field(default_factory=dict)
+    # Why reading stopped before the end of a file without an index to skip damage, or None.
+    read_stopped: str | None = None
 
     @property
     def frequency_hz(self) -> float:
@@ -381,4 +383,5 @@ def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
         warnings=warnings,
         camera_topic=streams.camera_topic,
         lost_messages=dict(sorted(streams.lost.items())),
+        read_stopped=streams.truncated,
     )

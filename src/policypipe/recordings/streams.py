@@ -113,7 +113,10 @@ def read_streams(path: Path, topics: Topics) -> Streams:
         summary = _chunk_summary(f, path)
         f.seek(0)
         if summary is None:
-            messages = NonSeekingReader(f, record_size_limit=_RECORD_SIZE_LIMIT).iter_messages(log_time_order=False)
+            # CRCs checked: a flipped byte in a chunk stops reading there (and says so), rather
+            # than passing damaged frames on as sound.
+            reader = NonSeekingReader(f, record_size_limit=_RECORD_SIZE_LIMIT, validate_crcs=True)
+            messages = reader.iter_messages(log_time_order=False)
         else:
             messages = _indexed_messages(f, summary, reading)
         try:
@@ -354,7 +357,7 @@ def _read_width(data: bytes, topics: Topics) -> tuple[int, float]:
     try:
         obj = json.loads(data)
         stamp, value = int(obj[topics.width_stamp_field]), float(obj[topics.width_value_field])
-    except (ValueError, KeyError, TypeError, OverflowError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
         raise _BadMessage(
             f"malformed JSON or no {topics.width_stamp_field!r}/{topics.width_value_field!r}",
             f"{data[:80]!r}: {type(exc).__name__}: {exc}",
