@@ -137,3 +137,27 @@ def test_git_state_is_taken_when_the_stage_starts(tmp_path: Path) -> None:
     with StageRun("s", params={}, root=root) as run:
         (root / "in.txt").write_text("written by the stage itself")
     assert run.record()["git"]["dirty"] is False
+
+
+def test_an_untracked_dep_and_a_changed_stage_command_are_dirty_and_hashed(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    make_repo(root, "")
+    (root / "dvc.yaml").write_text("stages:\n  s:\n    cmd: python code.py\n    deps: [code.py, helper.py]\n")
+    (root / "code.py").write_text("import helper\n")
+    git(root, "add", ".")
+    git(root, "commit", "-q", "-m", "stage s")
+
+    def state() -> dict:
+        with StageRun("s", params={}, root=root) as run:
+            pass
+        return run.record()["git"]
+
+    (root / "helper.py").write_text("X = 1\n")  # written, not yet added to git
+    first = state()
+    assert first["dirty_files"] == ["helper.py"] and first["diff_sha256"] is not None
+    (root / "helper.py").write_text("X = 2\n")
+    assert state()["diff_sha256"] != first["diff_sha256"]
+
+    (root / "helper.py").unlink()
+    (root / "dvc.yaml").write_text("stages:\n  s:\n    cmd: python code.py --fast\n    deps: [code.py, helper.py]\n")
+    assert state()["dirty_files"] == ["dvc.yaml [s]"]

@@ -53,6 +53,7 @@ def test_the_demo_sections_build() -> None:
         ({"model": {"crop_size": [20, 10]}}, {}, ["train.model", "crop_size [20, 10]", "at most", "image_size [16, 12]"]),
         # The U-Net halves the horizon len(down_dims) - 1 times: with 3 levels, a multiple of 4.
         ({"model": {"down_dims": [16, 32, 64]}}, {"horizon": 10}, ["policy.horizon 10", "multiple of 4", "train.model.down_dims"]),
+        ({"model": {"down_dims": []}}, {}, ["down_dims must list at least one"]),
         ({}, {"horizon": 9}, ["policy.horizon 9", "multiple of 2"]),
         # The window is the shared `policy` section's: set here, it would be silently overridden.
         ({"model": {"horizon": 32}}, {}, ["train.model.horizon", "[policy]"]),

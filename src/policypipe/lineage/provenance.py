@@ -78,8 +78,19 @@ def stage_definition(root: Path, stage: str) -> tuple[list[str], list[str]] | No
         if isinstance(entry, str):
             sections.append(entry)
         else:  # {params file: [keys]}; only params.yaml sections are tracked here
-            sections.extend(k for keys in entry.values() for k in (keys or []))
+            sections.extend(entry.get("params.yaml") or [])
     return deps, sections
+
+
+def _stage_definition_changed(root: Path, stage: str) -> list[str]:
+    """["dvc.yaml [stage]"] when the stage's entry (its command, deps, params) differs from the commit's."""
+    from ruamel.yaml import YAML
+
+    committed = command_output(["git", "show", "HEAD:dvc.yaml"], root)
+    yaml = YAML(typ="safe", pure=True)
+    before = ((yaml.load(committed) if committed else None) or {}).get("stages", {}).get(stage)
+    after = (yaml.load((root / "dvc.yaml").read_text()) or {}).get("stages", {}).get(stage)
+    return [] if before == after else [f"dvc.yaml [{stage}]"]
 
 
 def _params_sections_changed(root: Path, sections: list[str]) -> list[str]:
@@ -123,8 +134,16 @@ def git_state(root: Path, stage: str | None = None) -> dict[str, Any]:
         decisive, dirty_files = None, changed
     else:
         decisive, sections = definition
-        dirty_files = _status_paths(root, decisive) + _params_sections_changed(root, sections)
+        dirty_files = (
+            _status_paths(root, decisive) + _params_sections_changed(root, sections)
+            + _stage_definition_changed(root, stage)
+        )
     diff = (command_output(["git", "diff", "HEAD", "--binary", "--", *(decisive or [])], root) or "").encode()
+    # `git diff` leaves out files git does not track yet: their content counts too.
+    untracked = command_output(["git", "ls-files", "--others", "--exclude-standard", "-z", "--", *(decisive or [])], root)
+    for rel in sorted(filter(None, (untracked or "").split("\0"))):
+        if (root / rel).is_file():
+            diff += b"\0untracked " + rel.encode() + b"\0" + (root / rel).read_bytes()
     return {
         "available": True,
         "commit": commit.strip(),

@@ -44,6 +44,8 @@ class PolicyConfig:
         # Params files reach this through `training.loop.train_config_from_params`, which says the
         # same in terms of the `policy` section, where the horizon is set; this guards every other
         # way of building a config (tests, a loaded policy).
+        if not self.down_dims or any(d < 1 for d in self.down_dims):
+            raise ValueError(f"down_dims must list at least one positive width, got {list(self.down_dims)}")
         multiple = unet_horizon_multiple(self.down_dims)
         if self.horizon % multiple:
             raise ValueError(f"horizon {self.horizon} must be a multiple of {multiple} for the U-Net "
