@@ -359,3 +359,12 @@ def test_h264_frames_are_decoded_and_resized_one_at_a_time(monkeypatch: pytest.M
 
     assert ep.dropped == {} and len(ep.rgb) == count
     assert live.most == 1, f"{live.most} full-resolution frames alive at once"
+
+
+def test_an_h264_stream_without_any_usable_keyframe_is_excluded_saying_why() -> None:
+    packets = h264_packets(20)
+    camera_ns = make_streams().camera_ns[:20]
+    idr_free = [p for i, p in enumerate(packets) if i % 10]  # every IDR packet lost
+    with pytest.raises(RecordingError) as failure:
+        build_episode(h264_streams(idr_free, camera_ns[: len(idr_free)]), CONFIG)
+    assert failure.value.reason == "h264_no_keyframe" and "IDR" in str(failure.value)

@@ -19,7 +19,6 @@ import hashlib
 import importlib.metadata
 import json
 import logging
-import multiprocessing
 import os
 import re
 import shutil
@@ -41,6 +40,7 @@ from policypipe.dataset import layout
 from policypipe.dataset.frame_shards import FrameShardWriter, create_frames_array
 from policypipe.dataset.image_codec import encode_jpeg
 from policypipe.lineage.code import module_code_sha256
+from policypipe.processes import process_pool
 from policypipe.recordings.episode import ConvertConfig, Episode, build_episode
 from policypipe.recordings.streams import RecordingError, read_streams
 
@@ -262,12 +262,6 @@ def _load_arrays(cache_dir: Path, key: str) -> dict[str, np.ndarray]:
         return {k: npz[k] for k in npz.files}
 
 
-def _worker_init() -> None:
-    import cv2
-
-    cv2.setNumThreads(1)
-
-
 def _convert_all(
     inputs: list[RecordingInput], config: ConvertConfig, cache_dir: Path, progress: Callable[[dict], None] | None
 ) -> list[dict[str, Any]]:
@@ -296,13 +290,8 @@ def _convert_all(
 
 
 def _pool(workers: int) -> ProcessPoolExecutor:
-    # fork where there is one: a spawned worker spends ~0.7 s importing what the parent has
-    # loaded already. Nothing here has started zarr's I/O thread yet (the store is written after).
-    # OpenCV's thread pool is stopped first: a child forked while the parent's pool threads
-    # exist hangs for good in its first cv2.setNumThreads (tested).
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    _worker_init()
-    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_worker_init)
+    # Forked: nothing here has started zarr's I/O thread yet (the store is written after).
+    return process_pool(workers)
 
 
 def _convert_in_own_process(rec: RecordingInput, config: ConvertConfig, cache_dir: Path) -> dict[str, Any]:

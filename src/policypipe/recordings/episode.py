@@ -307,6 +307,15 @@ def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
                 f"{undecodable} of {frames_in} camera frames cannot be decoded "
                 f"(limit: convert.max_undecodable_fraction = {config.max_undecodable_fraction})",
             )
+    if reasons[REFERENCE_LOST] and reasons[REFERENCE_LOST] + undecodable == frames_in:
+        # Not one frame with a sound reference: a stream that resynchronises without IDR pictures
+        # (intra refresh, recovery points) or starts without one. Say so, not "too short".
+        raise RecordingError(
+            "h264_no_keyframe",
+            f"none of the {frames_in} H.264 frames follows an IDR keyframe with intact references; "
+            "streams that use intra refresh or recovery points instead of IDR frames are not supported: "
+            "export with periodic IDR keyframes",
+        )
     if reasons[REFERENCE_LOST]:
         # Not held to max_undecodable_fraction: their own bytes are sound, what failed is a
         # packet before them (and the hole they leave is counted as camera gaps, like a drop).

@@ -21,14 +21,11 @@ import calendar
 import json
 import logging
 import math
-import multiprocessing
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -40,6 +37,7 @@ from foxglove_schemas_protobuf.PoseInFrame_pb2 import PoseInFrame
 from mcap.writer import CompressionType, IndexType, Writer
 from mcap_protobuf.schema import build_file_descriptor_set
 
+from policypipe.processes import process_pool
 from policypipe.recordings.sample_scene import (
     MotionPlan,
     Scene,
@@ -753,7 +751,7 @@ def _run_job(tmp_root: str, job: _Job) -> _JobResult:
     """Writes every file of one stem (the worker of `write_sample_export`)."""
     import cv2
 
-    cv2.setNumThreads(1)  # processes give the parallelism; threads would only compete
+    cv2.setNumThreads(1)  # processes give the parallelism (also when called without a pool)
     cfg = job.config
     plan_seq, timing_seq, sim_seq, status_seq = np.random.SeedSequence([cfg.seed, job.index]).spawn(4)
     plan_rng = np.random.default_rng(plan_seq)
@@ -880,11 +878,7 @@ def write_sample_export(out_dir: Path, config: SampleConfig, *, workers: int | N
         if workers == 1:
             results = [_run_job(str(tmp_root), job) for job in jobs]
         else:
-            # fork on Linux: starts at once and works whatever the caller's __main__ is (a
-            # stdin script cannot be re-imported by spawn). Workers run OpenCV with one
-            # thread, so an inherited thread pool is never touched.
-            context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            with process_pool(workers) as pool:
                 results = list(pool.map(_run_job, [str(tmp_root)] * len(jobs), jobs))
         defects: dict[str, list[str]] = {}
         for job, result in zip(jobs, results):
