@@ -95,6 +95,13 @@ def test_project_lock_matches_this_environment() -> None:
     assert differences == [], f"installed packages differ from requirements.lock: {differences}"
 
 
+def git_of_stage_s(root: Path) -> dict:
+    """The git part of the record of a run of stage `s`, started and ended now."""
+    with StageRun("s", params={}, root=root) as run:
+        pass
+    return run.record()["git"]
+
+
 def test_dirty_is_about_the_stages_own_code_and_params_not_the_whole_checkout(tmp_path: Path) -> None:
     root = tmp_path / "repo"
     make_repo(root, "")
@@ -109,26 +116,21 @@ def test_dirty_is_about_the_stages_own_code_and_params_not_the_whole_checkout(tm
     git(root, "add", ".")
     git(root, "commit", "-q", "-m", "stage s")
 
-    def state() -> dict:
-        with StageRun("s", params={}, root=root) as run:
-            pass
-        return run.record()["git"]
-
     # What dvc repro leaves: the stage's output removed, another file and params section edited.
     (root / "out.json").unlink()
     (root / "other.py").write_text("print('edited')\n")
     (root / "params.yaml").write_text("s:\n  lr: 1\nother:\n  x: 2\n")
-    clean = state()
+    clean = git_of_stage_s(root)
     assert clean["dirty"] is False and clean["dirty_files"] == [] and clean["diff_sha256"] is None
     assert {"out.json", "other.py", "params.yaml"} <= set(clean["changed_files"])
 
     (root / "code.py").write_text("print('v2')\n")
-    edited = state()
+    edited = git_of_stage_s(root)
     assert edited["dirty"] is True and edited["dirty_files"] == ["code.py"] and len(edited["diff_sha256"]) == 64
 
     (root / "code.py").write_text("print('v1')\n")
     (root / "params.yaml").write_text("s:\n  lr: 2\nother:\n  x: 2\n")
-    assert state()["dirty_files"] == ["params.yaml [s]"]
+    assert git_of_stage_s(root)["dirty_files"] == ["params.yaml [s]"]
 
 
 def test_git_state_is_taken_when_the_stage_starts(tmp_path: Path) -> None:
@@ -147,17 +149,12 @@ def test_an_untracked_dep_and_a_changed_stage_command_are_dirty_and_hashed(tmp_p
     git(root, "add", ".")
     git(root, "commit", "-q", "-m", "stage s")
 
-    def state() -> dict:
-        with StageRun("s", params={}, root=root) as run:
-            pass
-        return run.record()["git"]
-
     (root / "helper.py").write_text("X = 1\n")  # written, not yet added to git
-    first = state()
+    first = git_of_stage_s(root)
     assert first["dirty_files"] == ["helper.py"] and first["diff_sha256"] is not None
     (root / "helper.py").write_text("X = 2\n")
-    assert state()["diff_sha256"] != first["diff_sha256"]
+    assert git_of_stage_s(root)["diff_sha256"] != first["diff_sha256"]
 
     (root / "helper.py").unlink()
     (root / "dvc.yaml").write_text("stages:\n  s:\n    cmd: python code.py --fast\n    deps: [code.py, helper.py]\n")
-    assert state()["dirty_files"] == ["dvc.yaml [s]"]
+    assert git_of_stage_s(root)["dirty_files"] == ["dvc.yaml [s]"]
