@@ -245,7 +245,8 @@ def test_adding_a_recording_converts_only_the_new_one(tmp_path: Path) -> None:
     assert [r["stem"] for r in root.attrs[layout.ATTRS_EPISODES]] == ["a", "b", "c"]
 
 
-KILL_SCRIPT = """
+# One conversion with CONFIG in a process of its own: args manifest, export, out, cache.
+CONVERT_SCRIPT = """
 import sys
 from pathlib import Path
 from policypipe.dataset.convert import convert_dataset
@@ -265,7 +266,7 @@ def test_sigkill_mid_conversion_then_rerun_gives_the_uninterrupted_store(tmp_pat
     manifest = tmp_path / "reference.zarr.manifest.json"
 
     out, cache = tmp_path / "ds.zarr", tmp_path / "killed_cache"
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(manifest), str(export), str(out), str(cache)])
+    proc = subprocess.Popen([sys.executable, "-c", CONVERT_SCRIPT, str(manifest), str(export), str(out), str(cache)])
     deadline = time.monotonic() + 60
     while not list(cache.glob("*/*.json")) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -336,13 +337,6 @@ def build_episode(streams, config):  # an edit to the converter: every position 
     return episode
 '''
 
-CONVERT_SCRIPT = """
-import sys
-from pathlib import Path
-from policypipe.dataset.convert import convert_dataset
-from policypipe.recordings.episode import ConvertConfig
-convert_dataset(*map(Path, sys.argv[1:5]), ConvertConfig(image_size=(64, 48), min_frames=10, workers=1))
-"""
 
 
 def test_an_edited_converter_misses_the_cache_and_converts_anew(tmp_path: Path) -> None:

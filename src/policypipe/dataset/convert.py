@@ -5,8 +5,8 @@ the `_vio.mcap` SHA-256, the conversion params, a hash of the converter's source
 the versions of the libraries that decide its pixels and numbers), so adding recordings
 re-decodes only the new ones, and any change to the converter or those libraries re-decodes
 everything. One recording that fails, in whatever way, is excluded with its reason; a full
-disk stops the stage with the path and the space needed, and leaves no temporary file. The store is then assembled from the cache, episode
-by episode in manifest order, under a temporary name, and renamed into place: the result is
+disk stops the stage with the path and the space needed, and leaves no temporary file. The
+store is then assembled from the cache, episode by episode in manifest order, under a temporary name, and renamed into place: the result is
 byte-identical whatever the number of workers, and a killed run leaves the previous store or
 none. Memory holds one episode and one shard of frames at a time.
 """
@@ -25,7 +25,6 @@ import shutil
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -157,7 +156,7 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
     record_path = cache_dir / f"{key}.json"
     if (cached := _cached_record(record_path)) is not None:
         return cached
-    record: dict[str, Any] = {"stem": rec.stem, "vio_sha256": rec.vio_sha256, "truncated": rec.truncated, "key": key}
+    record = _record_of(rec, key)
     try:
         episode = build_episode(read_streams(rec.vio_path, config.topics), config)
         if rec.expected_frames is not None and rec.expected_frames != episode.frames_in:
@@ -190,6 +189,11 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
     blob = canonical_json(record)
     _write_cache_file(record_path, blob, frames=record.get("frames", 0))
     return json.loads(blob)
+
+
+def _record_of(rec: RecordingInput, key: str) -> dict[str, Any]:
+    """What every record says of its recording, converted or excluded."""
+    return {"stem": rec.stem, "vio_sha256": rec.vio_sha256, "truncated": rec.truncated, "key": key}
 
 
 def _cached_record(record_path: Path) -> dict[str, Any] | None:
@@ -268,7 +272,8 @@ def _convert_all(
     # Always in worker processes, even one: a recording that kills its process (the kernel's
     # out-of-memory killer, a crash inside a decoder) must not take the stage with it.
     workers = min(config.workers or os.cpu_count() or 1, max(len(inputs), 1))
-    with _pool(workers) as pool:
+    # Forked: nothing here has started zarr's I/O thread yet (the store is written after).
+    with process_pool(workers) as pool:
         futures = [pool.submit(convert_recording, r, config, cache_dir) for r in inputs]
         records = []
         try:
@@ -289,20 +294,14 @@ def _convert_all(
         return records
 
 
-def _pool(workers: int) -> ProcessPoolExecutor:
-    # Forked: nothing here has started zarr's I/O thread yet (the store is written after).
-    return process_pool(workers)
-
-
 def _convert_in_own_process(rec: RecordingInput, config: ConvertConfig, cache_dir: Path) -> dict[str, Any]:
-    with _pool(1) as pool:
+    with process_pool(1) as pool:
         try:
             return pool.submit(convert_recording, rec, config, cache_dir).result()
         except BrokenProcessPool:
             log.error("%s: the conversion process died", rec.vio_path)
     # Not cached: a machine with more memory, or a fixed decoder, tries again.
-    return {
-        "stem": rec.stem, "vio_sha256": rec.vio_sha256, "truncated": rec.truncated, "key": cache_key(rec, config),
+    return _record_of(rec, cache_key(rec, config)) | {
         "excluded": "worker_died",
         "detail": "the process converting it died (killed by the system, e.g. out of memory, or a crash inside a "
         "decoder); check the machine's memory and the recording",

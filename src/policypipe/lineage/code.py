@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 from collections.abc import Iterable
 from pathlib import Path
+
+from policypipe.lineage.hashing import sha256_file, tree_digest
 
 PACKAGE = "policypipe"
 # src/policypipe/lineage/code.py -> src/
@@ -107,8 +108,4 @@ def module_code_sha256(module: str, source_root: Path = SOURCE_ROOT) -> str:
     entry = module_path(module, source_root)
     if entry is None:
         raise ValueError(f"{module} is not a module under {source_root}")
-    digest = hashlib.sha256()
-    for path in import_closure([entry], source_root):
-        digest.update(path.relative_to(source_root).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
-    return digest.hexdigest()
+    return tree_digest({p.relative_to(source_root).as_posix(): sha256_file(p) for p in import_closure([entry], source_root)})

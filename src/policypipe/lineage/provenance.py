@@ -82,30 +82,29 @@ def stage_definition(root: Path, stage: str) -> tuple[list[str], list[str]] | No
     return deps, sections
 
 
-def _stage_definition_changed(root: Path, stage: str) -> list[str]:
-    """["dvc.yaml [stage]"] when the stage's entry (its command, deps, params) differs from the commit's."""
+def _yaml_now_and_committed(root: Path, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A YAML file of the checkout as it is and as committed at HEAD ({} where there is none)."""
     from ruamel.yaml import YAML
 
-    committed = command_output(["git", "show", "HEAD:dvc.yaml"], root)
-    yaml = YAML(typ="safe", pure=True)
-    before = ((yaml.load(committed) if committed else None) or {}).get("stages", {}).get(stage)
-    after = (yaml.load((root / "dvc.yaml").read_text()) or {}).get("stages", {}).get(stage)
-    return [] if before == after else [f"dvc.yaml [{stage}]"]
+    yaml = YAML(typ="safe", pure=True)  # YAML 1.2, as DVC reads dvc.yaml and params.yaml
+    path = root / name
+    now = (yaml.load(path.read_text()) if path.is_file() else None) or {}
+    committed_text = command_output(["git", "show", f"HEAD:{name}"], root)
+    committed = (yaml.load(committed_text) if committed_text else None) or {}
+    return now, committed
+
+
+def _stage_definition_changed(root: Path, stage: str) -> list[str]:
+    """["dvc.yaml [stage]"] when the stage's entry (its command, deps, params) differs from the commit's."""
+    now, committed = _yaml_now_and_committed(root, "dvc.yaml")
+    same = now.get("stages", {}).get(stage) == committed.get("stages", {}).get(stage)
+    return [] if same else [f"dvc.yaml [{stage}]"]
 
 
 def _params_sections_changed(root: Path, sections: list[str]) -> list[str]:
     """The params.yaml sections that differ from the committed params.yaml."""
-    from ruamel.yaml import YAML
-
-    params_file = root / "params.yaml"
-    committed = command_output(["git", "show", "HEAD:params.yaml"], root)
-    current = params_file.read_text() if params_file.is_file() else None
-    if committed is None and current is None:
-        return []
-    yaml = YAML(typ="safe", pure=True)
-    before = (yaml.load(committed) if committed else None) or {}
-    after = (yaml.load(current) if current else None) or {}
-    return [f"params.yaml [{s}]" for s in sections if before.get(s) != after.get(s)]
+    now, committed = _yaml_now_and_committed(root, "params.yaml")
+    return [f"params.yaml [{s}]" for s in sections if now.get(s) != committed.get(s)]
 
 
 def _status_paths(root: Path, paths: list[str] | None) -> list[str]:

@@ -114,21 +114,13 @@ def measured_frequency(capture_ns: np.ndarray) -> float:
 
 def missing_frames(capture_ns: np.ndarray) -> int:
     """Frames the camera's clock says are missing between the kept ones (drops, not jitter)."""
-    return int(missing_slots(capture_ns).sum())
-
-
-def missing_slots(capture_ns: np.ndarray) -> np.ndarray:
-    """int64 (N-1,): frames the camera's clock says are missing between consecutive timestamps.
-
-    Taken in the order given: on file order it also flags a message written out of place.
-    """
     if len(capture_ns) < 2:
-        return np.zeros(0, np.int64)
+        return 0
     interval = frame_interval_ns(capture_ns)
     if not interval > 0:  # no clock to measure against (all timestamps equal, or mostly backwards)
-        return np.zeros(len(capture_ns) - 1, np.int64)
+        return 0
     slots = np.rint(np.diff(capture_ns) / interval).astype(np.int64)
-    return np.clip(slots - 1, 0, None)
+    return int(np.clip(slots - 1, 0, None).sum())
 
 
 # ---------------------------------------------------------------- camera
