@@ -10,7 +10,7 @@ from scipy.spatial.transform import Rotation
 
 from policypipe.dataset import layout
 from policypipe.dataset.windows import episode_bounds
-from policypipe.evaluation.evaluate import Samples
+from policypipe.evaluation.samples import Samples
 from policypipe.plotting import plt, save_png
 
 
