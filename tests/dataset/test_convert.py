@@ -365,7 +365,7 @@ def test_an_edited_converter_misses_the_cache_and_converts_anew(tmp_path: Path) 
 def test_a_decisive_library_version_is_part_of_the_cache_key(monkeypatch) -> None:
     import policypipe.dataset.convert as convert_module
 
-    record = convert_module.RecordingInput("a", Path("a_vio.mcap"), "0" * 64, False, None)
+    record = convert_module.RecordingInput("a", "", Path("a_vio.mcap"), "0" * 64, False, None)
     before = convert_module.cache_key(record, CONFIG)
     for name in convert_module.DECISIVE_DISTRIBUTIONS:
         real = convert_module._distribution_version

@@ -11,8 +11,10 @@ from scipy.spatial.transform import Rotation
 
 from policypipe.atomic import canonical_json
 from policypipe.dataset import layout
-from policypipe.dataset.stats import StatsConfig, compute_statistics, split_episodes
+from policypipe.dataset.split import episode_groups, split_episodes
+from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.dataset.windows import WindowConfig
+from tests.dataset.conftest import make_store
 
 WINDOW = WindowConfig(n_obs_steps=2, horizon=6, n_action_steps=3)
 CONFIG = StatsConfig(seed=3, val_fraction=0.3, block_frames=17, quantile_bins=4096)  # blocks split episodes
@@ -102,15 +104,45 @@ def test_image_statistics_equal_numpy_on_the_sampled_frames(store: Path) -> None
     np.testing.assert_allclose(image["std"], frames.std(axis=(0, 1, 2)), atol=1e-9)
 
 
-def test_split_is_seeded_by_episode_and_never_empty() -> None:
-    assert split_episodes(10, 0, 0.2) == split_episodes(10, 0, 0.2)
-    assert split_episodes(10, 0, 0.2) != split_episodes(10, 1, 0.2)
+def test_split_is_seeded_and_never_empty() -> None:
+    names = [f"rec_{i:04d}" for i in range(10)]
+    assert split_episodes(names, 0, 0.2) == split_episodes(names, 0, 0.2)
+    assert split_episodes(names, 0, 0.2) != split_episodes(names, 1, 0.2)
     for n in (2, 3, 50):
         for fraction in (0.01, 0.5, 0.99):
-            train, val = split_episodes(n, 7, fraction)
+            train, val = split_episodes([f"r{i}" for i in range(n)], 7, fraction)
             assert train and val and sorted(train + val) == list(range(n))
     with pytest.raises(ValueError, match="at least 2"):
-        split_episodes(1, 0, 0.2)
+        split_episodes(["only"], 0, 0.2)
+
+
+def test_adding_recordings_never_moves_an_existing_episode_across_the_split(tmp_path: Path) -> None:
+    """Through the stage's own entry point: a dataset of 6 episodes, then the same plus 4 more
+    (appended, and one inserted first, so indices shift): every old stem stays on its side."""
+    def sides(lengths, stems) -> dict[str, str]:
+        root = make_store(tmp_path / f"ds{len(stems)}.zarr", lengths=lengths)
+        root.attrs[layout.ATTRS_EPISODES] = [ep | {"stem": s, "folder": "session_01"}
+                                             for ep, s in zip(root.attrs[layout.ATTRS_EPISODES], stems)]
+        split = compute_statistics(root, WINDOW, CONFIG)["split"]
+        return {s: "train" for s in split["train_stems"]} | {s: "val" for s in split["val_stems"]}
+
+    old_stems = [f"rec_{i:04d}" for i in range(1, 7)]
+    before = sides((30, 25, 40, 35, 28, 33), old_stems)
+    after = sides((20, 30, 25, 40, 35, 28, 33, 22, 26, 24), ["rec_0000", *old_stems, "rec_0007", "rec_0008", "rec_0009"])
+    assert {s: after[s] for s in old_stems} == before
+    assert set(before.values()) == {"train", "val"}
+
+
+def test_a_session_is_held_out_whole() -> None:
+    groups = episode_groups([{"stem": f"r{i}", "folder": f"session_{i % 4}"} for i in range(40)], "session")
+    train, val = split_episodes(groups, 0, 0.3)
+    assert {groups[i] for i in train}.isdisjoint({groups[i] for i in val})
+    assert train and val
+
+
+def test_the_split_rule_is_recorded_with_the_split(store: Path) -> None:
+    split = compute_statistics(zarr.open_group(store, mode="r"), WINDOW, CONFIG)["split"]
+    assert split["split_by"] == "recording" and split["seed"] == CONFIG.seed and "sha256" in split["rule"]
 
 
 def test_statistics_are_deterministic_bytes(store: Path) -> None:

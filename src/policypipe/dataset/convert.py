@@ -101,6 +101,7 @@ def converter_digest() -> str:
 @dataclass(frozen=True)
 class RecordingInput:
     stem: str
+    folder: str  # the session folder, relative to the export ('' at its root)
     vio_path: Path
     vio_sha256: str
     truncated: bool
@@ -114,6 +115,7 @@ def recordings_from_manifest(manifest: dict[str, Any], export_root: Path) -> lis
         inputs.append(
             RecordingInput(
                 stem=rec["stem"],
+                folder=rec["folder"],
                 vio_path=export_root / rec["files"]["vio"]["path"],
                 vio_sha256=rec["files"]["vio"]["sha256"],
                 truncated=bool(rec.get("truncated", False)),
@@ -132,11 +134,11 @@ def conversion_params(config: ConvertConfig) -> dict[str, Any]:
 
 
 def cache_key(rec: RecordingInput, config: ConvertConfig) -> str:
-    # The record holds the stem, the manifest's `truncated` and a warning from the status json's
+    # The record holds the stem and folder, the manifest's `truncated` and a warning from the status json's
     # frame count too: a renamed recording or a new status file must not be served the old ones.
     blob = canonical_json({
         "converter": converter_digest(), "vio_sha256": rec.vio_sha256, "params": conversion_params(config),
-        "stem": rec.stem, "truncated": rec.truncated, "expected_frames": rec.expected_frames,
+        "stem": rec.stem, "folder": rec.folder, "truncated": rec.truncated, "expected_frames": rec.expected_frames,
     })
     return hashlib.sha256(blob).hexdigest()
 
@@ -193,7 +195,7 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
 
 def _record_of(rec: RecordingInput, key: str) -> dict[str, Any]:
     """What every record says of its recording, converted or excluded."""
-    return {"stem": rec.stem, "vio_sha256": rec.vio_sha256, "truncated": rec.truncated, "key": key}
+    return {"stem": rec.stem, "folder": rec.folder, "vio_sha256": rec.vio_sha256, "truncated": rec.truncated, "key": key}
 
 
 def _cached_record(record_path: Path) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ import numpy as np
 import zarr
 
 from policypipe.dataset import layout
+from policypipe.dataset.split import RULE, SPLIT_BY, episode_groups, split_episodes
 from policypipe.dataset.windows import WindowConfig, actions, episode_bounds, observations
 
 log = logging.getLogger(__name__)
@@ -32,10 +33,12 @@ QUANTILES = (0.01, 0.99)
 class StatsConfig:
     """`stats` section of params.yaml."""
 
-    # Seed of the train/validation split by episode.
+    # Seed of the train/validation split (dataset/split.py: a stable hash of each group's name).
     seed: int = 0
-    # Fraction of episodes held out for validation (at least one on each side).
+    # Fraction of groups held out for validation, approximately (at least one on each side).
     val_fraction: float = 0.15
+    # What is held out together: "recording" (its stem) or "session" (its export folder).
+    split_by: str = "recording"
     # Frames sampled, evenly spaced over the training episodes, for the image statistics.
     image_sample_frames: int = 1000
     # Anchor frames per vectorised block (memory: ~block x horizon x 10 float64).
@@ -48,15 +51,8 @@ class StatsConfig:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.image_sample_frames < 1 or self.block_frames < 1 or self.quantile_bins < 16:
             raise ValueError("image_sample_frames and block_frames must be >= 1, quantile_bins >= 16")
-
-
-def split_episodes(n_episodes: int, seed: int, val_fraction: float) -> tuple[list[int], list[int]]:
-    """(train, validation) episode indices, both sorted and non-empty, decided by the seed."""
-    if n_episodes < 2:
-        raise ValueError(f"the dataset has {n_episodes} episode(s); a train/validation split needs at least 2")
-    n_val = min(max(1, round(val_fraction * n_episodes)), n_episodes - 1)
-    order = np.random.default_rng(seed).permutation(n_episodes)
-    return sorted(order[n_val:].tolist()), sorted(order[:n_val].tolist())
+        if self.split_by not in SPLIT_BY:
+            raise ValueError(f"split_by must be one of {SPLIT_BY}, got {self.split_by!r}")
 
 
 class _Moments:
@@ -174,13 +170,15 @@ def image_statistics(root: zarr.Group, episodes: list[int], frames: int) -> dict
 
 
 def compute_statistics(root: zarr.Group, window: WindowConfig, config: StatsConfig) -> dict[str, Any]:
-    n_episodes = root[layout.EPISODE_ENDS].shape[0]
-    train, val = split_episodes(n_episodes, config.seed, config.val_fraction)
     episodes = root.attrs[layout.ATTRS_EPISODES]
+    train, val = split_episodes(episode_groups(episodes, config.split_by), config.seed, config.val_fraction)
     log.info("statistics over %d training episodes (%d held out)", len(train), len(val))
     return {
         "split": {
+            "rule": RULE,
+            "split_by": config.split_by,
             "seed": config.seed,
+            "val_fraction": config.val_fraction,
             "train": train,
             "val": val,
             "train_stems": [episodes[i]["stem"] for i in train],
