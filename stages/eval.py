@@ -11,6 +11,7 @@ from pathlib import Path
 from common import fail, load_config, setup_logging
 
 from policypipe.atomic import write_json_atomic
+from policypipe.config import ConfigError, require_same_window
 from policypipe.evaluation.evaluate import EvalConfig, evaluate
 from policypipe.evaluation.plots import write_eval_plots
 from policypipe.lineage.hashing import sha256_file, sha256_path
@@ -38,6 +39,10 @@ def main() -> None:
         except (OSError, ValueError) as exc:
             fail(f"{exc}; rebuild it with `dvc repro train` (or `dvc pull`)")
         stats = json.loads(args.stats.read_text())
+        try:
+            require_same_window(stats, asdict(policy.config), f"the policy {args.policy}")
+        except ConfigError as exc:
+            fail(str(exc))
         print(f"eval: {len(stats['split']['val'])} validation episodes, every {config.stride}th frame ...", flush=True)
         try:
             result = evaluate(policy, args.dataset, stats, config)

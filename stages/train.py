@@ -16,7 +16,7 @@ from common import PARAMS_FILE, fail, setup_logging
 from tqdm import tqdm
 
 from policypipe.atomic import write_json_atomic
-from policypipe.config import ConfigError, read_section
+from policypipe.config import ConfigError, read_section, require_same_window
 from policypipe.dataset import layout
 from policypipe.lineage.hashing import sha256_file, sha256_path
 from policypipe.lineage.provenance import StageRun
@@ -94,6 +94,10 @@ def main() -> None:
         relaunch(config.num_processes)  # does not return
     rank = int(os.environ.get("RANK", "0"))
     stats = json.loads(args.stats.read_text())
+    try:
+        require_same_window(stats, asdict(window), f"params.yaml [policy] (train reads {args.stats})")
+    except ConfigError as exc:
+        fail(str(exc))
     image_size = tuple(zarr.open_group(args.dataset, mode="r").attrs[layout.ATTRS_IMAGE_SIZE])
     if image_size != config.model.image_size:
         fail(f"train.model.image_size {list(config.model.image_size)} differs from the dataset's {list(image_size)}: "

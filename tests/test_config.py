@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from policypipe.config import ConfigError, from_mapping
+from policypipe.config import ConfigError, from_mapping, require_same_window
 from policypipe.recordings.pairing import PairConfig
 
 
@@ -50,3 +50,12 @@ def test_nested_sections_are_typed_too() -> None:
     assert config.topics == Topics(camera="/camera0/video")
     with pytest.raises(ConfigError, match=r"convert.topics\]: unknown key\(s\) camrea"):
         from_mapping(ConvertConfig, {"topics": {"camrea": "/x"}}, "convert")
+
+
+def test_statistics_for_other_windows_are_refused_naming_both() -> None:
+    stats = {"window": {"n_obs_steps": 2, "horizon": 16, "n_action_steps": 8}}
+    require_same_window(stats, {"n_obs_steps": 2, "horizon": 16, "n_action_steps": 8}, "params.yaml")
+    with pytest.raises(ConfigError, match=r"'horizon': 16.*'horizon': 8.*dvc repro"):
+        require_same_window(stats, {"n_obs_steps": 2, "horizon": 8, "n_action_steps": 8}, "params.yaml")
+    with pytest.raises(ConfigError, match="None"):
+        require_same_window({}, {"n_obs_steps": 2, "horizon": 16, "n_action_steps": 8}, "the policy")

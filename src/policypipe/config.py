@@ -104,3 +104,19 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return value
     return value
+
+
+def require_same_window(stats: Mapping[str, Any], window: Mapping[str, Any], used_by: str) -> None:
+    """Refuses statistics computed for other windows than `used_by` (a policy, params.yaml) has.
+
+    The `policy` section is the one place window sizes are set; stats.json records what it was
+    computed with. Normalising horizon-16 actions with horizon-8 statistics runs without an error
+    and learns something else, so a mismatch stops the stage instead.
+    """
+    recorded = stats.get("window")
+    wanted = {k: window[k] for k in ("n_obs_steps", "horizon", "n_action_steps")}
+    if recorded != wanted:
+        raise ConfigError(
+            f"the statistics were computed for windows {recorded}, {used_by} has {wanted}: the [policy] section of "
+            "params.yaml changed since `stats` ran; run `dvc repro` (it reruns stats, then train and eval)"
+        )

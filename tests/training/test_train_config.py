@@ -90,3 +90,18 @@ def test_the_stage_fails_on_a_bad_value_before_touching_the_run_folder(dataset, 
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before  # nothing written
     assert kept.read_bytes() == b"weights of an earlier run"
     json.loads(stats.read_text())  # the inputs are untouched too
+
+
+def test_the_stage_refuses_statistics_made_for_another_policy_section(dataset, tmp_path: Path) -> None:
+    store, stats = dataset
+    train, policy = sections({}, {"horizon": 16})  # stats.json was computed for horizon 8
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"train": train, "policy": policy}))
+    stage = Path(__file__).resolve().parents[2] / "stages" / "train.py"
+    done = subprocess.run(
+        [sys.executable, str(stage), "--dataset", str(store), "--stats", str(stats), "--run-dir", "train",
+         "--policy", "policy", "--metrics", "train.json", "--live", "live", "--provenance", "provenance.json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr[-3000:]
+    assert "'horizon': 8" in done.stderr and "'horizon': 16" in done.stderr and "dvc repro" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "train").exists()
