@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=6)
     p.set_defaults(func=_smoke)
 
-    p = sub.add_parser("compare", help="policies against the baselines, or against each other, with 95%% CIs over seeds and samples",
+    p = sub.add_parser("compare", help="policies against the baselines or each other, 95%% CIs over seeds and samples",
                        description="Evaluate exported policies on the same validation samples. Each side takes one or more "
                        "policy folders: the seeds of one configuration. Alone, side A is reported against the baselines "
                        "(hold still, mean motion, constant velocity) with the ratio to the best one and the camera ablation "

@@ -48,7 +48,7 @@ def test_report_has_errors_baselines_ratios_ablations_and_spread(setup) -> None:
             assert set(summary) == {"executed", "horizon"} and set(summary["executed"]) == {"mean", "median", "p90"}
     for baseline in ("hold_still", "mean_motion", "constant_velocity"):
         ratio = report[f"ratio_to_{baseline}"]["position_mm"]
-        assert ratio == pytest.approx(report["policy"]["position_mm"]["executed"]["mean"] / report[baseline]["position_mm"]["executed"]["mean"])
+        assert ratio == pytest.approx(means_of(report, "policy") / means_of(report, baseline))
     assert set(result["per_step_position_mm"][0]) == {"step", *ENTRIES}
     assert report["spread_mm"] > 0  # different noise, different chunks
 

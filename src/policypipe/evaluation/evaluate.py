@@ -100,7 +100,10 @@ def baseline_chunks(samples: Samples, store: Path, stats: dict[str, Any], window
     }
     omitted = {}
     if window.n_obs_steps >= 2:
-        chunks["constant_velocity"] = constant_velocity(obs_pose, obs_width, window.horizon, training_width_range(stats))
+        width_range = training_width_range(stats)
+        if width_range is None:
+            log.warning("the statistics hold no training width range: constant velocity's width is not clipped")
+        chunks["constant_velocity"] = constant_velocity(obs_pose, obs_width, window.horizon, width_range)
     else:
         omitted["constant_velocity"] = "needs n_obs_steps >= 2 to see a motion; the policy observes 1 step"
     return chunks, omitted
@@ -209,9 +212,9 @@ def compare_policies(side_a: list[DiffusionPolicy], side_b: list[DiffusionPolicy
     value has a 95% CI from a two-level bootstrap (seeds, then samples shared by all quantities),
     so it includes seed-to-seed variation when a side has more than one seed.
     """
-    sides = {"A": side_a} | ({"B": side_b} if side_b else {})
     if not side_a:
         raise ValueError("side A needs at least one policy")
+    sides = {"A": side_a} | ({"B": side_b} if side_b else {})
     policies = [p for side in sides.values() for p in side]
     if len({(p.config.n_obs_steps, p.config.horizon) for p in policies}) > 1:
         raise ValueError("the policies see different observation windows or horizons: their samples are not comparable")
