@@ -151,7 +151,7 @@ def evaluate(policy: DiffusionPolicy, store: Path, stats: dict[str, Any], config
     for name, why in omitted.items():
         log.warning("%s omitted: %s", name, why)
     errors = {name: chunk_errors(chunk, recorded) for name, chunk in chunks.items()}
-    executed = {name: executed_errors(chunk, recorded, pc.n_action_steps) for name, chunk in chunks.items()}
+    executed = {name: {c: errs[c][:, : pc.n_action_steps].mean(axis=1) for c in COMPONENTS} for name, errs in errors.items()}
 
     report: dict[str, Any] = {"samples": len(samples), "episodes": len(set(samples.episodes.tolist())),
                               "skipped_episodes": len(samples.skipped)}
