@@ -60,12 +60,18 @@ def main() -> None:
     run.write(args.provenance)
 
     r = result["report"]
-    p, h = r["policy"]["position_mm"]["executed"]["mean"], r["hold_still"]["position_mm"]["executed"]["mean"]
-    a = r["camera_ablation"]["position_mm"]["executed"]["mean"]
-    print(f"{r['samples']} samples: position error over the executed steps {p:.1f} mm "
-          f"({r['ratio_to_hold_still']['position_mm']:.2f} of hold-still's {h:.1f} mm); without the camera {a:.1f} mm; "
-          f"spread {r['spread_mm']:.1f} mm; {r['skipped_episodes']} episodes skipped; {time.monotonic() - started:.0f} s")
-
+    p = r["policy"]["position_mm"]["executed"]["mean"]
+    best = r["best_baseline"]["position_mm"]
+    ratio, ci = r["ratio_to_best_baseline"]["position_mm"], r["ratio_to_best_baseline_ci95"]["position_mm"]
+    gap = r["camera_ablation_gap_position_mm"].get("other_episodes")
+    camera = (f"frames of another episode {gap['mean']:+.1f} mm [{gap['ci95_low']:+.1f}, {gap['ci95_high']:+.1f}]"
+              if gap else "no ablation with other episodes (one validation episode)")
+    print(f"{r['samples']} samples: position error over the executed steps {p:.1f} mm, "
+          f"{ratio:.2f} [{ci['ci95_low']:.2f}, {ci['ci95_high']:.2f}] of the best baseline ({best}, "
+          f"{r[best]['position_mm']['executed']['mean']:.1f} mm); {camera}; spread {r['spread_mm']:.1f} mm; "
+          f"{r['skipped_episodes']} episodes skipped; one seed, CIs cover samples only; {time.monotonic() - started:.0f} s")
+    for name, why in r["omitted"].items():
+        print(f"note: {name} omitted: {why}")
 
 if __name__ == "__main__":
     main()

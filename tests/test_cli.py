@@ -3,6 +3,7 @@ never a traceback."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -79,8 +80,68 @@ def policy(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("missing", ["a", "b", "dataset", "stats"])
 def test_compare_with_a_missing_input_says_which_is_missing(recorded, policy: Path, tmp_path: Path, capsys, missing: str) -> None:
     paths = {"a": policy, "b": policy, "dataset": recorded[0], "stats": recorded[1]} | {missing: tmp_path / "nowhere"}
-    code = main(["compare", str(paths["a"]), str(paths["b"]), "--dataset", str(paths["dataset"]),
+    code = main(["compare", str(paths["a"]), "--against", str(paths["b"]), "--dataset", str(paths["dataset"]),
                  "--stats", str(paths["stats"]), "--params", str(tmp_path / "params.yaml")])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error: ") and f"{tmp_path / 'nowhere'} is missing" in err and err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory) -> tuple[Path, Path, list[Path]]:
+    """A tiny store, its statistics, and two untrained policies of one configuration (two seeds)."""
+    import torch
+    import zarr
+
+    from policypipe.dataset.stats import StatsConfig, compute_statistics
+    from policypipe.dataset.windows import WindowConfig
+    from policypipe.policy.diffusion import DiffusionPolicy
+    from policypipe.policy.export import save_policy
+    from tests.training.conftest import MODEL
+
+    root = tmp_path_factory.mktemp("seeds")
+    make_store(root / "ds.zarr", lengths=(30, 25, 40, 35, 28, 33))
+    stats = compute_statistics(zarr.open_group(root / "ds.zarr", mode="r"), WindowConfig(2, 8, 4), StatsConfig(val_fraction=0.4))
+    write_json_atomic(root / "stats.json", stats)
+    folders = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        policy = DiffusionPolicy(MODEL)
+        policy.fit_normalizers(stats)
+        folders.append(save_policy(root / f"policy_seed{seed}", policy, {}))
+    return root / "ds.zarr", root / "stats.json", folders
+
+
+def compare(seeds, args: list[str], tmp_path: Path) -> int:
+    (tmp_path / "params.yaml").write_text("eval:\n  stride: 6\n  batch_size: 32\n  bootstrap_resamples: 200\n")
+    return main(["compare", *args, "--dataset", str(seeds[0]), "--stats", str(seeds[1]), "--params", str(tmp_path / "params.yaml")])
+
+
+def test_compare_one_seed_alone_against_the_baselines_says_the_ci_covers_samples_only(seeds, tmp_path: Path, capsys) -> None:
+    code = compare(seeds, [str(seeds[2][0]), "--json", str(tmp_path / "out.json")], tmp_path)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "A: 1 seed; CIs cover samples only (one seed)" in out
+    for name in ("hold_still", "mean_motion", "constant_velocity", "ratio to best baseline", "camera ablation gap"):
+        assert name in out
+    result = json.loads((tmp_path / "out.json").read_text())
+    side = result["sides"]["A"]
+    assert side["policies"] == [str(seeds[2][0])] and "b_minus_a" not in result
+    assert side["components"]["position_mm"]["best_baseline"] in {"hold_still", "mean_motion", "constant_velocity"}
+
+
+def test_compare_seeds_against_seeds(seeds, tmp_path: Path, capsys) -> None:
+    a, b = seeds[2]
+    code = compare(seeds, [str(a), str(b), "--against", str(b), "--json", str(tmp_path / "out.json")], tmp_path)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "A: 2 seeds; CIs cover seeds and samples (A: 2 seeds)" in out
+    assert "B - A; CIs cover seeds and samples (A: 2 seeds, B: 1 seed)" in out
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert set(result["b_minus_a"]) == {"position_mm", "rotation_deg", "width_mm"}
+
+
+def test_compare_refuses_one_seed_listed_twice(seeds, tmp_path: Path, capsys) -> None:
+    code = compare(seeds, [str(seeds[2][0]), str(seeds[2][0])], tmp_path)
+    err = capsys.readouterr().err
+    assert code == 2 and "side A lists the same policy twice" in err

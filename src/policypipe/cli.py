@@ -136,33 +136,44 @@ def _smoke(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     import json
 
+    from policypipe.atomic import write_json_atomic
     from policypipe.config import ConfigError, from_mapping, read_section
-    from policypipe.evaluation.evaluate import EvalConfig, compare_policies, verdict
+    from policypipe.evaluation.evaluate import EvalConfig, compare_policies, comparison_table
     from policypipe.policy.export import load_policy
 
+    sides = {"A": args.a} | ({"B": args.against} if args.against else {})
     # Each input checked up front: a path that is not there is named as missing, not reported as
     # a damaged policy or an OS error from deep inside the evaluation.
+    policy_fix = "pass an exported policy folder (data/policy: `dvc repro train` or `dvc pull data/policy`)"
     for path, what, fix in (
-        (args.a, "policy", "pass an exported policy folder (data/policy: `dvc repro train` or `dvc pull data/policy`)"),
-        (args.b, "policy", "pass an exported policy folder (data/policy: `dvc repro train` or `dvc pull data/policy`)"),
+        *((p, "policy", policy_fix) for side in sides.values() for p in side),
         (args.dataset, "dataset", "run `dvc repro convert` (or `dvc pull`) first, or pass --dataset"),
         (args.stats, "statistics", "run `dvc repro stats` (or `dvc pull`) first, or pass --stats"),
     ):
         if not path.exists():
             print(f"error: {what} {path} is missing: {fix}", file=sys.stderr)
             return 2
+    for name, side in sides.items():
+        resolved = [p.resolve() for p in side]
+        if len(set(resolved)) < len(resolved):
+            print(f"error: side {name} lists the same policy twice: each folder must be another seed "
+                  "(a repeat would count one seed twice and narrow the CI)", file=sys.stderr)
+            return 2
     try:
         config = from_mapping(EvalConfig, read_section(args.params, "eval"), "eval") if args.params.is_file() else EvalConfig()
-        a, b = load_policy(args.a), load_policy(args.b)
+        loaded = {name: [load_policy(p) for p in side] for name, side in sides.items()}
         stats = json.loads(args.stats.read_text())
-        result = compare_policies(a, b, args.dataset, stats, config)
+        result = compare_policies(loaded["A"], loaded.get("B"), args.dataset, stats, config)
     except (ConfigError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"A = {args.a}\nB = {args.b}\n{result['samples']} paired samples of the validation episodes (executed steps)")
-    for component in ("position_mm", "rotation_deg", "width_mm"):
-        c = result[component]
-        print(f"  {component:13s} A {c['a']:8.2f}  B {c['b']:8.2f}   {verdict(component, c)}")
+    for name, side in sides.items():
+        result["sides"][name]["policies"] = [str(p) for p in side]
+        print(f"{name} = " + ", ".join(str(p) for p in side))
+    print("\n".join(comparison_table(result)))
+    if args.json:
+        write_json_atomic(args.json, result)
+        print(f"\nwritten: {args.json}")
     return 0
 
 
@@ -260,14 +271,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=6)
     p.set_defaults(func=_smoke)
 
-    p = sub.add_parser("compare", help="compare two exported policies on the same held-out samples",
-                       description="Evaluate two exported policies on the same validation samples and report the paired "
-                       "difference B - A of each error with a bootstrap 95% confidence interval.")
-    p.add_argument("a", type=Path, metavar="POLICY_A")
-    p.add_argument("b", type=Path, metavar="POLICY_B")
+    p = sub.add_parser("compare", help="policies against the baselines or each other, 95%% CIs over seeds and samples",
+                       description="Evaluate exported policies on the same validation samples. Each side takes one or more "
+                       "policy folders: the seeds of one configuration. Alone, side A is reported against the baselines "
+                       "(hold still, mean motion, constant velocity) with the ratio to the best one and the camera ablation "
+                       "gap; with --against, the difference B - A is added. Every 95% CI is a two-level bootstrap (seeds, "
+                       "then samples, shared by all quantities): with one seed per side it covers samples only, and says so.")
+    p.add_argument("a", type=Path, nargs="+", metavar="POLICY_A", help="side A: one policy folder per seed")
+    p.add_argument("--against", type=Path, nargs="+", default=None, metavar="POLICY_B",
+                   help="side B: one policy folder per seed")
     p.add_argument("--dataset", type=Path, default=Path("data/dataset.zarr"))
     p.add_argument("--stats", type=Path, default=Path("data/stats/stats.json"))
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the full result as JSON")
     p.set_defaults(func=_compare)
 
     p = sub.add_parser("lineage", help="where a policy, checkpoint or dataset came from, down to each recording",

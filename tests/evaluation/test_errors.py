@@ -2,14 +2,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy.linalg import expm
 from scipy.spatial.transform import Rotation
 
 from policypipe.dataset.windows import WindowConfig, actions, rot6d
 from policypipe.evaluation.errors import (
     bootstrap_mean_ci,
     chunk_errors,
+    ci_scope,
+    constant_velocity,
+    difference_summary,
+    foreign_episode_partners,
+    hierarchical_bootstrap,
     hold_still,
     mean_pairwise_distance_mm,
+    percentile_ci,
+    seeds_summary,
     summarize,
 )
 
@@ -68,3 +76,156 @@ def test_spread_and_bootstrap() -> None:
     assert lo == hi == 0
     lo, hi = bootstrap_mean_ci(np.random.default_rng(0).normal(1.0, 0.1, 200), seed=0)
     assert lo < 1.0 < hi and hi - lo < 0.1
+
+
+# --- constant velocity ------------------------------------------------------------------------
+
+FREQUENCY = 30.0
+
+
+def screw_motion(t: np.ndarray, twist: np.ndarray) -> np.ndarray:
+    """(len(t), 4, 4): the pose at time t relative to t = 0 under a constant body-frame twist
+    (angular, linear), by the matrix exponential (not by composing steps, as the baseline does)."""
+    w, v = twist[:3], twist[3:]
+    xi = np.zeros((4, 4))
+    xi[:3, :3] = [[0, -w[2], w[1]], [w[2], 0, -w[0]], [-w[1], w[0], 0]]
+    xi[:3, 3] = v
+    return np.stack([expm(ti * xi) for ti in t])
+
+
+def as_pose_vectors(poses: np.ndarray) -> np.ndarray:
+    return np.concatenate([poses[:, :3, 3], rot6d(poses[:, :3, :3])], axis=-1)
+
+
+@pytest.mark.parametrize("n_obs", [2, 3])
+def test_constant_velocity_continues_a_screw_motion_exactly(n_obs: int) -> None:
+    horizon = 6
+    twists = [np.array([0.3, -0.2, 1.1, 0.2, 0.05, -0.1]), np.array([0.0, 0.0, 0.0, -0.15, 0.1, 0.02])]
+    obs_t = -(n_obs - 1 - np.arange(n_obs)) / FREQUENCY  # the last observation is the anchor
+    act_t = np.arange(1, horizon + 1) / FREQUENCY  # action step k is k + 1 intervals ahead
+    obs_pose = np.stack([as_pose_vectors(screw_motion(obs_t, tw)) for tw in twists])
+    truth = np.stack([as_pose_vectors(screw_motion(act_t, tw)) for tw in twists])
+    # The width opens at 0.1 m/s from 0.04 m.
+    obs_width = (0.04 + 0.1 * obs_t)[None, :, None].repeat(2, axis=0)
+    truth_width = 0.04 + 0.1 * act_t
+
+    chunk = constant_velocity(obs_pose, obs_width, horizon)
+
+    assert chunk.shape == (2, horizon, 10)
+    assert np.allclose(chunk[..., :9], truth, atol=1e-12)
+    assert np.allclose(chunk[..., 9], truth_width[None], atol=1e-12)
+    recorded = np.concatenate([truth, truth_width[None, :, None].repeat(2, axis=0)], axis=-1)
+    for name, e in chunk_errors(chunk, recorded).items():
+        assert np.allclose(e, 0, atol=1e-4), name
+
+
+def test_constant_velocity_clips_the_width_to_the_training_range() -> None:
+    obs_pose = np.zeros((1, 2, 9))
+    obs_pose[..., 3] = obs_pose[..., 7] = 1.0  # identity rotations: standing still
+    obs_width = np.array([[[0.05], [0.07]]])  # opening 2 cm a step
+    chunk = constant_velocity(obs_pose, obs_width, 4, width_range=(0.0, 0.1))
+    assert np.allclose(chunk[0, :, 9], [0.09, 0.1, 0.1, 0.1])
+    assert np.allclose(constant_velocity(obs_pose, obs_width, 4)[0, :, 9], [0.09, 0.11, 0.13, 0.15])
+    assert np.allclose(chunk[0, :, :3], 0) and np.allclose(chunk[0, :, 3:9], obs_pose[0, -1, 3:9])
+
+
+def test_constant_velocity_needs_two_observations() -> None:
+    with pytest.raises(ValueError, match="at least 2 observation steps"):
+        constant_velocity(np.zeros((3, 1, 9)), np.zeros((3, 1, 1)), 4)
+
+
+# --- samples of another episode -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("episodes", [[0] * 5 + [1] * 4 + [2] * 7 + [3] * 3, [4, 4, 9, 9], list(range(6))])
+def test_partners_are_a_seeded_shuffle_that_never_keeps_the_episode(episodes) -> None:
+    episodes = np.asarray(episodes)
+    partners = foreign_episode_partners(episodes, seed=3)
+    assert np.all(episodes[partners] != episodes)
+    assert sorted(partners.tolist()) == list(range(len(episodes)))  # a permutation: each sample's frames used once
+    assert np.array_equal(partners, foreign_episode_partners(episodes, seed=3))
+
+
+def test_partners_differ_between_seeds() -> None:
+    episodes = np.repeat(np.arange(6), 10)
+    assert not np.array_equal(foreign_episode_partners(episodes, 0), foreign_episode_partners(episodes, 1))
+
+
+def test_partners_when_one_episode_holds_most_samples() -> None:
+    episodes = np.array([0] * 9 + [1, 2])  # no permutation can move all nine out of episode 0
+    partners = foreign_episode_partners(episodes, seed=0)
+    assert np.all(episodes[partners] != episodes)
+    with pytest.raises(ValueError, match="at least 2 episodes"):
+        foreign_episode_partners(np.zeros(5, dtype=int), seed=0)
+
+
+# --- bootstrap over seeds and samples -----------------------------------------------------------
+
+
+def test_a_large_spread_between_seeds_widens_the_ci() -> None:
+    rng = np.random.default_rng(0)
+    offsets = np.array([-3.0, -1.5, 0.0, 1.5, 3.0])[:, None]
+    errors = 10 + offsets + rng.normal(0, 1, (5, 300))  # 5 seeds, 300 samples
+    seeds_and_samples = percentile_ci(hierarchical_bootstrap({"A": {"x": errors}}, seed=0)["A"]["x"])
+    samples_only = percentile_ci(hierarchical_bootstrap({"A": {"x": errors.mean(axis=0, keepdims=True)}}, seed=0)["A"]["x"])
+    width = lambda ci: ci[1] - ci[0]  # noqa: E731
+    assert width(seeds_and_samples) > 10 * width(samples_only)
+    # Five seeds spread like this: the mean is uncertain by about 2.0 / sqrt(5) ~ 0.9 either way.
+    assert 2.0 < width(seeds_and_samples) < 5.0
+    assert seeds_and_samples[0] < errors.mean() < seeds_and_samples[1]
+
+
+def test_one_seed_gives_the_samples_ci_of_the_mean() -> None:
+    values = np.random.default_rng(1).normal(2.0, 1.0, (1, 400))
+    lo, hi = percentile_ci(hierarchical_bootstrap({"A": {"x": values}}, seed=0, resamples=4000)["A"]["x"])
+    assert lo < values.mean() < hi
+    assert hi - lo == pytest.approx(2 * 1.96 * values.std() / np.sqrt(400), rel=0.1)
+
+
+def test_a_difference_of_exactly_zero_has_a_ci_containing_zero() -> None:
+    rng = np.random.default_rng(2)
+    one_seed = rng.normal(5, 2, (1, 100))
+    same = difference_summary({"position_mm": one_seed}, {"position_mm": one_seed.copy()}, seed=0)["position_mm"]
+    assert same["mean"] == 0 and same["ci95"] == [0.0, 0.0]
+    seeds = 5 + rng.normal(0, 1, (3, 1)) + rng.normal(0, 2, (3, 100))
+    same = difference_summary({"position_mm": seeds}, {"position_mm": seeds.copy()}, seed=0)["position_mm"]
+    assert same["mean"] == 0 and same["ci95"][0] < 0 < same["ci95"][1]
+
+
+def test_shared_samples_keep_a_paired_difference_exact() -> None:
+    a = np.random.default_rng(3).normal(10, 5, (1, 200))  # samples differ a lot ...
+    diff = difference_summary({"width_mm": a}, {"width_mm": a + 1.0}, seed=0)["width_mm"]
+    assert diff["mean"] == pytest.approx(1.0) and diff["ci95"] == pytest.approx([1.0, 1.0])  # ... B is 1 worse on each
+
+
+def test_bootstrap_needs_the_same_samples_everywhere() -> None:
+    with pytest.raises(ValueError, match="same samples"):
+        hierarchical_bootstrap({"A": {"x": np.zeros((1, 5))}, "B": {"x": np.zeros((1, 6))}}, seed=0)
+
+
+def test_seeds_summary_names_the_best_baseline_per_component() -> None:
+    rng = np.random.default_rng(4)
+    n = 200
+    policy = {"position_mm": rng.normal(5, 1, (3, n)), "width_mm": rng.normal(2, 0.5, (3, n))}
+    ablation = {c: x + 3.0 for c, x in policy.items()}  # without its own frames, 3 worse on every sample
+    baselines = {
+        "hold_still": {"position_mm": rng.normal(12, 1, n), "width_mm": rng.normal(1.5, 0.2, n)},
+        "constant_velocity": {"position_mm": rng.normal(4, 1, n), "width_mm": rng.normal(3, 0.2, n)},
+    }
+    summary = seeds_summary(policy, ablation, baselines, seed=0)
+    assert summary["position_mm"]["best_baseline"] == "constant_velocity"
+    assert summary["width_mm"]["best_baseline"] == "hold_still"
+    for c, best in (("position_mm", "constant_velocity"), ("width_mm", "hold_still")):
+        ratio = summary[c]["ratio_to_best_baseline"]
+        assert ratio["mean"] == pytest.approx(policy[c].mean() / baselines[best][c].mean())
+        assert ratio["ci95"][0] < ratio["mean"] < ratio["ci95"][1]
+        assert summary[c]["camera_ablation_gap"]["mean"] == pytest.approx(3.0)
+        assert summary[c]["camera_ablation_gap"]["ci95"] == pytest.approx([3.0, 3.0])
+        assert set(summary[c]["baselines"]) == set(baselines)
+    assert summary["position_mm"]["ratio_to_best_baseline"]["mean"] > 1  # worse than constant velocity
+
+
+def test_ci_scope_says_when_only_samples_are_covered() -> None:
+    assert ci_scope({"A": 1}) == "samples only (one seed)"
+    assert ci_scope({"A": 1, "B": 1}) == "samples only (one seed per side)"
+    assert ci_scope({"A": 3, "B": 1}) == "seeds and samples (A: 3 seeds, B: 1 seed)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from policypipe.atomic import canonical_json
 from policypipe.dataset import layout
 from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.dataset.windows import WindowConfig, episode_bounds
-from policypipe.evaluation.evaluate import EvalConfig, compare_policies, evaluate, verdict
+from policypipe.evaluation.evaluate import EvalConfig, compare_policies, comparison_table, evaluate, verdict
 from policypipe.policy.diffusion import DiffusionPolicy
 from tests.dataset.conftest import make_store
 from tests.training.conftest import MODEL
@@ -31,17 +32,106 @@ def setup(tmp_path: Path):
     return tmp_path / "ds.zarr", stats, policy.eval()
 
 
-def test_report_has_errors_baselines_ratios_ablation_and_spread(setup) -> None:
+ENTRIES = ("policy", "hold_still", "mean_motion", "constant_velocity", "camera_ablation_other_episodes",
+           "camera_ablation_constant_image")
+COMPONENTS = ("position_mm", "rotation_deg", "width_mm")
+
+
+def test_report_has_errors_baselines_ratios_ablations_and_spread(setup) -> None:
     store, stats, policy = setup
-    report = evaluate(policy, store, stats, CONFIG)["report"]
-    assert report["samples"] > 0 and report["skipped_episodes"] == 0
-    for name in ("policy", "hold_still", "mean_motion", "camera_ablation"):
-        for component in ("position_mm", "rotation_deg", "width_mm"):
+    result = evaluate(policy, store, stats, CONFIG)
+    report = result["report"]
+    assert report["samples"] > 0 and report["skipped_episodes"] == 0 and report["omitted"] == {}
+    for name in ENTRIES:
+        for component in COMPONENTS:
             summary = report[name][component]
             assert set(summary) == {"executed", "horizon"} and set(summary["executed"]) == {"mean", "median", "p90"}
-    ratio = report["ratio_to_hold_still"]["position_mm"]
-    assert ratio == pytest.approx(report["policy"]["position_mm"]["executed"]["mean"] / report["hold_still"]["position_mm"]["executed"]["mean"])
+    for baseline in ("hold_still", "mean_motion", "constant_velocity"):
+        ratio = report[f"ratio_to_{baseline}"]["position_mm"]
+        assert ratio == pytest.approx(means_of(report, "policy") / means_of(report, baseline))
+    assert set(result["per_step_position_mm"][0]) == {"step", *ENTRIES}
     assert report["spread_mm"] > 0  # different noise, different chunks
+
+
+def test_every_component_has_a_ratio_to_its_best_baseline(setup) -> None:
+    store, stats, policy = setup
+    report = evaluate(policy, store, stats, CONFIG)["report"]
+    for c in COMPONENTS:
+        means = {b: report[b][c]["executed"]["mean"] for b in ("hold_still", "mean_motion", "constant_velocity")}
+        best = min(means, key=means.get)
+        assert report["best_baseline"][c] == best
+        assert report["ratio_to_best_baseline"][c] == pytest.approx(report["policy"][c]["executed"]["mean"] / means[best])
+        ci = report["ratio_to_best_baseline_ci95"][c]
+        assert ci["ci95_low"] <= report["ratio_to_best_baseline"][c] <= ci["ci95_high"]
+    assert report["ci_covers"] == "samples only (one seed)"
+    # The tiny store's motion is smooth: continuing it beats holding still on position.
+    assert means_of(report, "constant_velocity") < means_of(report, "hold_still")
+
+
+def means_of(report: dict, name: str) -> float:
+    return report[name]["position_mm"]["executed"]["mean"]
+
+
+def test_the_camera_ablations_and_their_gaps(setup) -> None:
+    store, stats, policy = setup
+    report = evaluate(policy, store, stats, CONFIG)["report"]
+    for name, key in (("camera_ablation_other_episodes", "other_episodes"), ("camera_ablation_constant_image", "constant_image")):
+        gap = report["camera_ablation_gap_position_mm"][key]
+        assert gap["mean"] == pytest.approx(means_of(report, name) - means_of(report, "policy"))
+        assert gap["ci95_low"] <= gap["mean"] <= gap["ci95_high"]
+    # Another episode's frames are not a constant image: the two ablations predict differently.
+    assert means_of(report, "camera_ablation_other_episodes") != means_of(report, "camera_ablation_constant_image")
+
+
+def test_ablation_feeds_frames_of_another_episode_and_the_sample_own_poses(setup, monkeypatch) -> None:
+    store, stats, policy = setup
+    seen = []
+    original = DiffusionPolicy.predict_action
+
+    def spy(self, batch, generator=None):
+        seen.append({k: v.clone() for k, v in batch.items()})
+        return original(self, batch, generator)
+
+    monkeypatch.setattr(DiffusionPolicy, "predict_action", spy)
+    result = evaluate(policy, store, stats, CONFIG)
+    samples = result["samples"]
+    n = len(samples)
+    batches = -(-n // CONFIG.batch_size)
+    # The policy's own predictions come first, then the ablation with other episodes' frames.
+    own, ablated = seen[:batches], seen[batches : 2 * batches]
+    own_images, ablated_images = (torch.cat([b["obs_images"] for b in calls]) for calls in (own, ablated))
+    own_pose, ablated_pose = (torch.cat([b["obs_pose"] for b in calls]) for calls in (own, ablated))
+    assert torch.equal(own_images, samples.batch["obs_images"]) and torch.equal(ablated_pose, own_pose)
+    # Each sample's frames are those of a sample of another episode.
+    flat = samples.batch["obs_images"].reshape(n, -1)
+    for i in range(n):
+        source = [j for j in range(n) if torch.equal(flat[j], ablated_images[i].reshape(-1))]
+        assert source and all(samples.episodes[j] != samples.episodes[i] for j in source)
+
+
+def test_one_observation_step_omits_constant_velocity_and_says_why(tmp_path: Path) -> None:
+    make_store(tmp_path / "ds.zarr", lengths=(30, 25, 40, 35, 28, 33))
+    stats = compute_statistics(zarr.open_group(tmp_path / "ds.zarr", mode="r"), WindowConfig(1, 8, 4), StatsConfig(val_fraction=0.4))
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(replace(MODEL, n_obs_steps=1))
+    policy.fit_normalizers(stats)
+    report = evaluate(policy, tmp_path / "ds.zarr", stats, CONFIG)["report"]
+    assert "constant_velocity" not in report and "n_obs_steps >= 2" in report["omitted"]["constant_velocity"]
+    assert set(report["best_baseline"].values()) <= {"hold_still", "mean_motion"}
+
+
+def test_a_policy_that_raises_fails_the_evaluation(setup, monkeypatch) -> None:
+    """Only unreadable data is skipped: a bug in the policy must not become a smaller report."""
+    store, stats, policy = setup
+
+    def broken(self, batch, generator=None):
+        raise RuntimeError("shape mismatch in the denoiser")
+
+    monkeypatch.setattr(DiffusionPolicy, "predict_action", broken)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        evaluate(policy, store, stats, CONFIG)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        compare_policies([policy], None, store, stats, CONFIG)
 
 
 def test_report_is_deterministic(setup) -> None:
@@ -72,8 +162,42 @@ def test_a_broken_episode_is_skipped_and_counted(setup) -> None:
 
 def test_compare_a_policy_with_itself_gives_zero_with_a_ci_around_zero(setup) -> None:
     store, stats, policy = setup
-    comparison = compare_policies(policy, policy, store, stats, CONFIG)
-    for component in ("position_mm", "rotation_deg", "width_mm"):
-        c = comparison[component]
-        assert c["b_minus_a"] == 0 and c["ci95"][0] <= 0 <= c["ci95"][1]
-    assert verdict("position_mm", comparison["position_mm"]).startswith("no clear difference on position")
+    comparison = compare_policies([policy], [policy], store, stats, CONFIG)
+    for component in COMPONENTS:
+        c = comparison["b_minus_a"][component]
+        assert c["mean"] == 0 and c["ci95"][0] <= 0 <= c["ci95"][1]
+    assert comparison["b_minus_a_ci_covers"] == "samples only (one seed per side)"
+    assert verdict("position_mm", comparison["b_minus_a"]["position_mm"]).startswith("no clear difference on position")
+
+
+def test_compare_one_side_of_seeds_against_the_baselines(setup) -> None:
+    store, stats, policy = setup
+    torch.manual_seed(1)
+    other_seed = DiffusionPolicy(MODEL)
+    other_seed.fit_normalizers(stats)
+    alone = compare_policies([policy], None, store, stats, CONFIG)
+    seeds = compare_policies([policy, other_seed.eval()], None, store, stats, CONFIG)
+    assert "b_minus_a" not in seeds and alone["sides"]["A"]["ci_covers"] == "samples only (one seed)"
+    side = seeds["sides"]["A"]
+    assert side["seeds"] == 2 and side["ci_covers"] == "seeds and samples (A: 2 seeds)"
+    report = evaluate(policy, store, stats, CONFIG)["report"]
+    for c in COMPONENTS:
+        entry = side["components"][c]
+        assert set(entry) == {"policy", "baselines", "best_baseline", "ratio_to_best_baseline", "camera_ablation_gap"}
+        assert set(entry["baselines"]) == {"hold_still", "mean_motion", "constant_velocity"}
+        # One seed alone: the same numbers as the eval stage's.
+        one = alone["sides"]["A"]["components"][c]
+        assert one["policy"]["mean"] == pytest.approx(report["policy"][c]["executed"]["mean"])
+        assert one["best_baseline"] == report["best_baseline"][c]
+        assert one["ratio_to_best_baseline"]["mean"] == pytest.approx(report["ratio_to_best_baseline"][c])
+        for b, value in entry["baselines"].items():
+            assert value["mean"] == pytest.approx(report[b][c]["executed"]["mean"])
+    assert comparison_table(seeds)[0].startswith(f"{seeds['samples']} samples")
+
+
+def test_compare_refuses_seeds_of_different_configurations(setup) -> None:
+    store, stats, policy = setup
+    other = DiffusionPolicy(replace(MODEL, num_inference_steps=2))
+    other.fit_normalizers(stats)
+    with pytest.raises(ValueError, match="side A have different configurations"):
+        compare_policies([policy, other], None, store, stats, CONFIG)

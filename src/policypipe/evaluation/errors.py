@@ -1,4 +1,5 @@
-"""Errors between action chunks, and their summaries. Pure functions on arrays.
+"""Errors between action chunks, the no-learning baselines, and the statistics that summarise
+them (bootstrap confidence intervals over samples and seeds). Pure functions on arrays.
 
 An action chunk is (N, H, 10): per horizon step, position (3, metres) and 6D rotation (6)
 relative to the current gripper pose, and the gripper width (1, metres).
@@ -9,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from policypipe.dataset.windows import rot6d
 
 
 def rot6d_to_matrix(r6: np.ndarray) -> np.ndarray:
@@ -66,6 +69,151 @@ def bootstrap_mean_ci(values: np.ndarray, seed: int, resamples: int = 2000, leve
     """Percentile bootstrap confidence interval of the mean of paired differences."""
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(values), size=(resamples, len(values)))
-    means = values[idx].mean(axis=1)
-    lo, hi = np.percentile(means, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    return percentile_ci(values[idx].mean(axis=1), level)
+
+
+def constant_velocity(obs_pose: np.ndarray, obs_width: np.ndarray, horizon: int,
+                      width_range: tuple[float, float] | None = None) -> np.ndarray:
+    """(N, T, 10): the last observed motion continued, a baseline that needs no learning.
+
+    obs_pose (N, O, 9) and obs_width (N, O, 1) are the observation window, O >= 2: step j is
+    (O-1-j) frame intervals before the anchor and its pose is relative to the anchor (the last
+    step is the identity). Action step k is k+1 intervals after the anchor. The motion from the
+    previous observation to the anchor is a rigid transform D (the anchor's pose in the previous
+    step's frame); repeating it as a constant body-frame twist gives step k = D^(k+1). The width
+    continues linearly, clipped to `width_range` (the training widths) when given.
+    """
+    if obs_pose.shape[1] < 2:
+        raise ValueError(f"constant velocity needs at least 2 observation steps, got {obs_pose.shape[1]}")
+    prev_rot = rot6d_to_matrix(obs_pose[:, -2, 3:9])  # (N, 3, 3): anchor <- previous step
+    step_rot = np.swapaxes(prev_rot, -1, -2)  # previous <- anchor: one step's rotation in the body frame
+    step_pos = -np.einsum("nij,nj->ni", step_rot, obs_pose[:, -2, :3])  # (N, 3)
+    n = len(obs_pose)
+    rot, pos = np.broadcast_to(np.eye(3), (n, 3, 3)), np.zeros((n, 3))
+    chunk = np.empty((n, horizon, 10))
+    for k in range(horizon):
+        pos = pos + np.einsum("nij,nj->ni", rot, step_pos)
+        rot = rot @ step_rot
+        chunk[:, k, :3], chunk[:, k, 3:9] = pos, rot6d(rot)
+    current, previous = obs_width[:, -1, 0], obs_width[:, -2, 0]
+    width = current[:, None] + (current - previous)[:, None] * np.arange(1, horizon + 1)[None]
+    chunk[..., 9] = np.clip(width, *width_range) if width_range is not None else width
+    return chunk
+
+
+def foreign_episode_partners(episodes: np.ndarray, seed: int) -> np.ndarray:
+    """(N,) for each sample, the index of a sample of ANOTHER episode, seeded.
+
+    A shuffle: the samples, grouped by episode (groups and members in random order), are
+    shifted by the largest group's size, which moves every sample out of its own group as long
+    as no episode holds more than half the samples. Otherwise no permutation can do it, and each
+    sample draws a partner from the other episodes (with replacement).
+    """
+    episodes = np.asarray(episodes)
+    labels, counts = np.unique(episodes, return_counts=True)
+    if len(labels) < 2:
+        raise ValueError(f"samples of another episode need at least 2 episodes, got {len(labels)}")
+    rng = np.random.default_rng(seed)
+    n = len(episodes)
+    rank = dict(zip(labels.tolist(), rng.permutation(len(labels)).tolist()))
+    order = rng.permutation(n)
+    order = order[np.argsort([rank[e] for e in episodes[order].tolist()], kind="stable")]
+    largest = int(counts.max())
+    partners = np.empty(n, dtype=np.int64)
+    if 2 * largest <= n:
+        partners[order] = order[(np.arange(n) + largest) % n]
+        return partners
+    for label in labels:
+        mine, others = np.flatnonzero(episodes == label), np.flatnonzero(episodes != label)
+        partners[mine] = others[rng.integers(0, len(others), len(mine))]
+    return partners
+
+
+def hierarchical_bootstrap(groups: dict[str, dict[str, np.ndarray]], seed: int,
+                           resamples: int = 2000) -> dict[str, dict[str, np.ndarray]]:
+    """Bootstrap replicates of grand means over seeds and samples: (R,) per quantity.
+
+    `groups` maps a group (the seeds of one configuration, or the seed-free baselines) to its
+    quantities, each (S, N): S seeds (trained policies) by N samples. Each replicate draws the
+    seeds of every group with replacement (the quantities of one group share the draw, so a
+    policy stays paired with its own ablation), then the N samples with replacement, the same
+    samples for every quantity of every group (so comparisons stay paired). With S = 1 the seed
+    draw is the identity: the replicates cover sample-to-sample variation only.
+    """
+    sizes = {x.shape[1] for quantities in groups.values() for x in quantities.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"every quantity must cover the same samples, got sample counts {sorted(sizes)}")
+    (n,) = sizes
+    rng = np.random.default_rng(seed)
+    sample_counts = rng.multinomial(n, np.full(n, 1 / n), size=resamples)  # (R, N): how often each sample is drawn
+    out = {}
+    for name in sorted(groups):
+        seeds = {x.shape[0] for x in groups[name].values()}
+        if len(seeds) != 1:
+            raise ValueError(f"the quantities of {name!r} come from different numbers of seeds: {sorted(seeds)}")
+        (s,) = seeds
+        seed_counts = rng.multinomial(s, np.full(s, 1 / s), size=resamples)  # (R, S)
+        out[name] = {q: np.einsum("rs,sn,rn->r", seed_counts, x, sample_counts) / (s * n) for q, x in groups[name].items()}
+    return out
+
+
+def percentile_ci(replicates: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of bootstrap replicates."""
+    lo, hi = np.percentile(replicates, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
     return float(lo), float(hi)
+
+
+def best_baseline(executed_means: dict[str, float]) -> str:
+    """The baseline with the lowest error (ties: the first name in sorted order)."""
+    return min(sorted(executed_means), key=lambda name: executed_means[name])
+
+
+def ci_scope(seeds: dict[str, int]) -> str:
+    """What a bootstrap CI over these groups' seeds covers, in words for the report."""
+    if all(s == 1 for s in seeds.values()):
+        return "samples only (one seed" + (" per side)" if len(seeds) > 1 else ")")
+    return "seeds and samples (" + ", ".join(f"{name}: {s} seed{'s' * (s > 1)}" for name, s in seeds.items()) + ")"
+
+
+def _mean_ci(replicates: np.ndarray, mean: float) -> dict[str, Any]:
+    return {"mean": float(mean), "ci95": list(percentile_ci(replicates))}
+
+
+def seeds_summary(policy: dict[str, np.ndarray], ablation: dict[str, np.ndarray] | None,
+                  baselines: dict[str, dict[str, np.ndarray]], seed: int, resamples: int = 2000) -> dict[str, Any]:
+    """Per component: the policy's error, each baseline's, the ratio to the best baseline and the
+    camera ablation gap (ablation - policy), each as a mean with a 95% CI over seeds and samples.
+
+    policy and ablation map a component to (S, N) executed errors (S seeds, the same N samples,
+    the ablation of seed s from policy s); baselines map a name to {component: (N,)}. The best
+    baseline of a component is the one with the lowest mean, named in the result.
+    """
+    floor = 1e-12  # a baseline with zero error (e.g. a width that never changes) gives a huge ratio, not inf
+    groups = {"policy": dict(policy), "baselines": {f"{b}/{c}": errs[c][None] for b, errs in baselines.items() for c in errs}}
+    if ablation is not None:
+        groups["policy"].update({f"ablation/{c}": x for c, x in ablation.items()})
+    reps = hierarchical_bootstrap(groups, seed, resamples)
+    out: dict[str, Any] = {}
+    for c, x in policy.items():
+        base_means = {b: float(errs[c].mean()) for b, errs in baselines.items()}
+        entry: dict[str, Any] = {
+            "policy": _mean_ci(reps["policy"][c], x.mean()),
+            "baselines": {b: _mean_ci(reps["baselines"][f"{b}/{c}"], m) for b, m in base_means.items()},
+        }
+        if base_means:
+            best = best_baseline(base_means)
+            ratio = reps["policy"][c] / np.maximum(reps["baselines"][f"{best}/{c}"], floor)
+            entry["best_baseline"] = best
+            entry["ratio_to_best_baseline"] = _mean_ci(ratio, x.mean() / max(base_means[best], floor))
+        if ablation is not None:
+            gap = reps["policy"][f"ablation/{c}"] - reps["policy"][c]
+            entry["camera_ablation_gap"] = _mean_ci(gap, ablation[c].mean() - x.mean())
+        out[c] = entry
+    return out
+
+
+def difference_summary(a: dict[str, np.ndarray], b: dict[str, np.ndarray], seed: int, resamples: int = 2000) -> dict[str, Any]:
+    """Per component, B - A of the mean error with a 95% CI over both sides' seeds and the shared
+    samples; a and b map a component to (S_a, N) and (S_b, N) errors on the same N samples."""
+    reps = hierarchical_bootstrap({"A": a, "B": b}, seed, resamples)
+    return {c: _mean_ci(reps["B"][c] - reps["A"][c], b[c].mean() - a[c].mean()) for c in a}

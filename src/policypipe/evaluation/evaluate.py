@@ -2,16 +2,21 @@
 
 At evenly spaced timesteps of the validation episodes (the split from `stats`) the recorded
 observations go to the policy (EMA weights, DDIM, seeded noise) and its action chunk is
-compared with the recorded future. Baselines on the same samples: "hold still" and "mean
-motion" (the training episodes' mean relative trajectory); the camera ablation feeds a
-constant image instead of the frames; the spread of several samples for one observation
-measures multimodality.
+compared with the recorded future. Baselines on the same samples, none of them learned:
+"hold still", "mean motion" (the training episodes' mean relative trajectory) and "constant
+velocity" (the last observed motion continued); every policy error is also a ratio to the best
+of them. Camera ablations: the policy fed the frames of a sample from another validation episode
+(in-distribution images that do not belong to the pose), and a constant image. The spread of
+several samples for one observation measures multimodality.
+
+Only data errors (an unreadable episode, in `collect_samples`) are skipped and counted; any other
+exception propagates: a bug must fail the evaluation, not shrink it.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +24,27 @@ import numpy as np
 import torch
 
 from policypipe.dataset.windows import WindowConfig
-from policypipe.evaluation.errors import chunk_errors, hold_still, mean_pairwise_distance_mm, summarize
+from policypipe.evaluation.errors import (
+    bootstrap_mean_ci,
+    chunk_errors,
+    ci_scope,
+    constant_velocity,
+    difference_summary,
+    foreign_episode_partners,
+    hold_still,
+    mean_pairwise_distance_mm,
+    seeds_summary,
+    summarize,
+)
 from policypipe.evaluation.samples import Samples, collect_samples, mean_motion
 from policypipe.policy.diffusion import DiffusionPolicy
 
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("position_mm", "rotation_deg", "width_mm")
+BASELINES = ("hold_still", "mean_motion", "constant_velocity")
+ABLATION_OTHER_EPISODES = "camera_ablation_other_episodes"
+ABLATION_CONSTANT_IMAGE = "camera_ablation_constant_image"
 
 
 @dataclass(frozen=True)
@@ -40,26 +59,75 @@ class EvalConfig:
     spread_samples: int = 8
     spread_observations: int = 16
     plot_episodes: int = 3
+    # Bootstrap resamples behind every 95% confidence interval.
+    bootstrap_resamples: int = 2000
 
     def __post_init__(self) -> None:
         if self.stride < 1 or self.batch_size < 1 or self.spread_samples < 2 or self.spread_observations < 1:
             raise ValueError("stride, batch_size, spread_observations must be >= 1 and spread_samples >= 2")
+        if self.bootstrap_resamples < 100:
+            raise ValueError(f"bootstrap_resamples must be >= 100 for a 95% interval, got {self.bootstrap_resamples}")
 
 
 @torch.no_grad()
-def predict(policy: DiffusionPolicy, batch: dict[str, torch.Tensor], batch_size: int, seed: int,
-            constant_image: torch.Tensor | None = None) -> np.ndarray:
+def predict(policy: DiffusionPolicy, batch: dict[str, torch.Tensor], batch_size: int, seed: int) -> np.ndarray:
     """(N, T, 10) predicted chunks; noise seeded per batch, so results are reproducible."""
     policy.eval()
     out = []
-    n = len(batch["action"])
+    n = len(batch["obs_pose"])
     for b, s in enumerate(range(0, n, batch_size)):
-        part = {k: v[s : s + batch_size] for k, v in batch.items() if k != "action"}
-        if constant_image is not None:
-            part["obs_images"] = constant_image.expand_as(part["obs_images"]).clone()
+        # contiguous(): an expanded constant image is a view with stride 0; the policy gets its own copy.
+        part = {k: v[s : s + batch_size].contiguous() for k, v in batch.items() if k != "action"}
         generator = torch.Generator().manual_seed(seed * 1_000_003 + b)
         out.append(policy.predict_action(part, generator).double().numpy())
     return np.concatenate(out)
+
+
+def training_width_range(stats: dict[str, Any]) -> tuple[float, float] | None:
+    """(min, max) gripper width of the training episodes, from the statistics (None if absent)."""
+    width = stats.get("lowdim", {}).get("obs.gripper_width")
+    return (float(width["min"][0]), float(width["max"][0])) if width else None
+
+
+def baseline_chunks(samples: Samples, store: Path, stats: dict[str, Any], window: WindowConfig
+                    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The baselines' chunks (N, T, 10) on the samples, and {name: why} for those that cannot be made."""
+    obs_pose, obs_width = samples.batch["obs_pose"].double().numpy(), samples.batch["obs_width"].double().numpy()
+    shape = (len(samples), window.horizon, 10)
+    chunks = {
+        "hold_still": hold_still(obs_width[:, -1, 0], window.horizon),
+        "mean_motion": np.broadcast_to(mean_motion(store, stats["split"]["train"], window), shape),
+    }
+    omitted = {}
+    if window.n_obs_steps >= 2:
+        width_range = training_width_range(stats)
+        if width_range is None:
+            log.warning("the statistics hold no training width range: constant velocity's width is not clipped")
+        chunks["constant_velocity"] = constant_velocity(obs_pose, obs_width, window.horizon, width_range)
+    else:
+        omitted["constant_velocity"] = "needs n_obs_steps >= 2 to see a motion; the policy observes 1 step"
+    return chunks, omitted
+
+
+def other_episode_images(samples: Samples, seed: int) -> torch.Tensor | None:
+    """Each sample's observation frames replaced by those of a sample of another episode
+    (a seeded shuffle); None with a single validation episode."""
+    if len(set(samples.episodes.tolist())) < 2:
+        return None
+    return samples.batch["obs_images"][torch.from_numpy(foreign_episode_partners(samples.episodes, seed))]
+
+
+def constant_images(samples: Samples, stats: dict[str, Any]) -> torch.Tensor:
+    """The training frames' mean colour in place of every frame, as a broadcast view."""
+    (image_stats,) = stats["image"].values()
+    grey = torch.tensor([round(255 * m) for m in image_stats["mean"]], dtype=torch.uint8)
+    return grey.expand_as(samples.batch["obs_images"])
+
+
+def executed_errors(chunk: np.ndarray, recorded: np.ndarray, n_action_steps: int) -> dict[str, np.ndarray]:
+    """Per sample (N,): each component's error averaged over the executed steps."""
+    errs = chunk_errors(chunk, recorded)
+    return {c: errs[c][:, :n_action_steps].mean(axis=1) for c in COMPONENTS}
 
 
 def evaluate(policy: DiffusionPolicy, store: Path, stats: dict[str, Any], config: EvalConfig) -> dict[str, Any]:
@@ -69,18 +137,21 @@ def evaluate(policy: DiffusionPolicy, store: Path, stats: dict[str, Any], config
     recorded = samples.batch["action"].double().numpy()
     log.info("evaluating on %d samples of %d validation episodes", len(samples), len(stats["split"]["val"]))
 
-    predicted = predict(policy, samples.batch, config.batch_size, config.seed)
-    (image_stats,) = stats["image"].values()
-    grey = torch.tensor([round(255 * m) for m in image_stats["mean"]], dtype=torch.uint8)  # the mean colour
-    ablated = predict(policy, samples.batch, config.batch_size, config.seed, constant_image=grey)
-    current_width = samples.batch["obs_width"][:, -1, 0].double().numpy()
-    chunks = {
-        "policy": predicted,
-        "hold_still": hold_still(current_width, pc.horizon),
-        "mean_motion": np.broadcast_to(mean_motion(store, stats["split"]["train"], window), recorded.shape),
-        "camera_ablation": ablated,
-    }
+    chunks = {"policy": predict(policy, samples.batch, config.batch_size, config.seed)}
+    baselines, omitted = baseline_chunks(samples, store, stats, window)
+    chunks |= baselines
+    other = other_episode_images(samples, config.seed)
+    if other is None:
+        omitted[ABLATION_OTHER_EPISODES] = "needs at least 2 validation episodes"
+    else:
+        chunks[ABLATION_OTHER_EPISODES] = predict(policy, samples.batch | {"obs_images": other}, config.batch_size, config.seed)
+    chunks[ABLATION_CONSTANT_IMAGE] = predict(
+        policy, samples.batch | {"obs_images": constant_images(samples, stats)}, config.batch_size, config.seed
+    )
+    for name, why in omitted.items():
+        log.warning("%s omitted: %s", name, why)
     errors = {name: chunk_errors(chunk, recorded) for name, chunk in chunks.items()}
+    executed = {name: {c: errs[c][:, : pc.n_action_steps].mean(axis=1) for c in COMPONENTS} for name, errs in errors.items()}
 
     report: dict[str, Any] = {"samples": len(samples), "episodes": len(set(samples.episodes.tolist())),
                               "skipped_episodes": len(samples.skipped)}
@@ -92,16 +163,34 @@ def evaluate(policy: DiffusionPolicy, store: Path, stats: dict[str, Any], config
             if len(per_step) <= h:
                 per_step.append({"step": h + 1})
             per_step[h][name] = value
-    for baseline in ("hold_still", "mean_motion"):
+    for baseline in baselines:
         report[f"ratio_to_{baseline}"] = {
             c: report["policy"][c]["executed"]["mean"] / max(report[baseline][c]["executed"]["mean"], 1e-12) for c in COMPONENTS
         }
-    report["camera_ablation_gap_position_mm"] = (
-        report["camera_ablation"]["position_mm"]["executed"]["mean"] - report["policy"]["position_mm"]["executed"]["mean"]
+    summary = seeds_summary(
+        {c: executed["policy"][c][None] for c in COMPONENTS},
+        {c: executed[ABLATION_OTHER_EPISODES][c][None] for c in COMPONENTS} if other is not None else None,
+        {b: executed[b] for b in baselines}, config.seed, config.bootstrap_resamples,
     )
+    # Flat enough for `dvc metrics diff`: one number (or name) per key path.
+    report["best_baseline"] = {c: summary[c]["best_baseline"] for c in COMPONENTS}
+    report["ratio_to_best_baseline"] = {c: summary[c]["ratio_to_best_baseline"]["mean"] for c in COMPONENTS}
+    report["ratio_to_best_baseline_ci95"] = {c: _low_high(summary[c]["ratio_to_best_baseline"]["ci95"]) for c in COMPONENTS}
+    report["ci_covers"] = ci_scope({"policy": 1})
+    gaps = {}
+    for name, key in ((ABLATION_OTHER_EPISODES, "other_episodes"), (ABLATION_CONSTANT_IMAGE, "constant_image")):
+        if name in executed:
+            gap = executed[name]["position_mm"] - executed["policy"]["position_mm"]
+            gaps[key] = {"mean": float(gap.mean())} | _low_high(bootstrap_mean_ci(gap, config.seed, config.bootstrap_resamples))
+    report["camera_ablation_gap_position_mm"] = gaps
     report["spread_mm"] = _spread(policy, samples, config)
+    report["omitted"] = omitted
     report["skipped"] = samples.skipped
     return {"report": report, "per_step_position_mm": per_step, "samples": samples, "chunks": chunks}
+
+
+def _low_high(ci: tuple[float, float] | list[float]) -> dict[str, float]:
+    return {"ci95_low": float(ci[0]), "ci95_high": float(ci[1])}
 
 
 def _spread(policy: DiffusionPolicy, samples: Samples, config: EvalConfig) -> float:
@@ -114,37 +203,97 @@ def _spread(policy: DiffusionPolicy, samples: Samples, config: EvalConfig) -> fl
     return float(np.mean(spreads))
 
 
-def paired_executed_errors(policy: DiffusionPolicy, samples: Samples, config: EvalConfig) -> dict[str, np.ndarray]:
-    """Per sample (N,): executed-step mean errors, for paired comparisons of policies."""
-    predicted = predict(policy, samples.batch, config.batch_size, config.seed)
-    errs = chunk_errors(predicted, samples.batch["action"].double().numpy())
-    return {c: errs[c][:, : policy.config.n_action_steps].mean(axis=1) for c in COMPONENTS}
+def compare_policies(side_a: list[DiffusionPolicy], side_b: list[DiffusionPolicy] | None, store: Path,
+                     stats: dict[str, Any], config: EvalConfig) -> dict[str, Any]:
+    """Policies on the same validation samples, each side a list of seeds of one configuration.
 
-
-def compare_policies(a: DiffusionPolicy, b: DiffusionPolicy, store: Path, stats: dict[str, Any], config: EvalConfig,
-                     resamples: int = 2000) -> dict[str, Any]:
-    """Both policies on the same samples: errors of each, and B - A with a bootstrap 95% CI."""
-    from policypipe.evaluation.errors import bootstrap_mean_ci
-
-    if (a.config.n_obs_steps, a.config.horizon) != (b.config.n_obs_steps, b.config.horizon):
+    Per side and component: the policy's executed error, each baseline's, the ratio to the best
+    baseline and the in-distribution camera ablation gap; with B, the difference B - A. Every
+    value has a 95% CI from a two-level bootstrap (seeds, then samples shared by all quantities),
+    so it includes seed-to-seed variation when a side has more than one seed.
+    """
+    if not side_a:
+        raise ValueError("side A needs at least one policy")
+    sides = {"A": side_a} | ({"B": side_b} if side_b else {})
+    policies = [p for side in sides.values() for p in side]
+    if len({(p.config.n_obs_steps, p.config.horizon) for p in policies}) > 1:
         raise ValueError("the policies see different observation windows or horizons: their samples are not comparable")
-    window = WindowConfig(a.config.n_obs_steps, a.config.horizon, min(a.config.n_action_steps, b.config.n_action_steps))
+    for name, side in sides.items():
+        if any(asdict(p.config) != asdict(side[0].config) for p in side):
+            raise ValueError(f"the policies of side {name} have different configurations; "
+                             "the seeds of one side must share one configuration")
+    first = policies[0].config
+    window = WindowConfig(first.n_obs_steps, first.horizon, min(p.config.n_action_steps for p in policies))
     samples = collect_samples(store, stats["split"]["val"], window, config.stride)
-    errs_a, errs_b = paired_executed_errors(a, samples, config), paired_executed_errors(b, samples, config)
-    result: dict[str, Any] = {"samples": len(samples)}
-    for c in COMPONENTS:
-        diff = errs_b[c] - errs_a[c]
-        lo, hi = bootstrap_mean_ci(diff, config.seed, resamples)
-        result[c] = {"a": float(errs_a[c].mean()), "b": float(errs_b[c].mean()), "b_minus_a": float(diff.mean()),
-                     "ci95": [lo, hi]}
+    recorded = samples.batch["action"].double().numpy()
+    baselines, omitted = baseline_chunks(samples, store, stats, window)
+    baseline_errors = {b: executed_errors(chunk, recorded, window.n_action_steps) for b, chunk in baselines.items()}
+    other = other_episode_images(samples, config.seed)
+    if other is None:
+        omitted[ABLATION_OTHER_EPISODES] = "needs at least 2 validation episodes"
+
+    def stacked(side: list[DiffusionPolicy], images: torch.Tensor | None) -> dict[str, np.ndarray]:
+        batch = samples.batch if images is None else samples.batch | {"obs_images": images}
+        per_seed = [executed_errors(predict(p, batch, config.batch_size, config.seed), recorded, window.n_action_steps)
+                    for p in side]
+        return {c: np.stack([e[c] for e in per_seed]) for c in COMPONENTS}  # (S, N)
+
+    result: dict[str, Any] = {
+        "samples": len(samples), "episodes": len(set(samples.episodes.tolist())), "skipped_episodes": len(samples.skipped),
+        "n_action_steps": window.n_action_steps, "bootstrap_resamples": config.bootstrap_resamples,
+        "omitted": omitted, "sides": {},
+    }
+    errors = {}
+    for name, side in sides.items():
+        errors[name] = stacked(side, None)
+        ablation = stacked(side, other) if other is not None else None
+        result["sides"][name] = {
+            "seeds": len(side), "ci_covers": ci_scope({name: len(side)}),
+            "components": seeds_summary(errors[name], ablation, baseline_errors, config.seed, config.bootstrap_resamples),
+        }
+    if "B" in sides:
+        result["b_minus_a"] = difference_summary(errors["A"], errors["B"], config.seed, config.bootstrap_resamples)
+        result["b_minus_a_ci_covers"] = ci_scope({name: len(side) for name, side in sides.items()})
     return result
 
 
-def verdict(component: str, comparison: dict[str, Any]) -> str:
+def verdict(component: str, difference: dict[str, Any]) -> str:
+    """One line on B - A ({"mean", "ci95"}) of a component."""
     unit = component.split("_")[-1]
     name = component.rsplit("_", 1)[0]
-    d, (lo, hi) = comparison["b_minus_a"], comparison["ci95"]
+    d, (lo, hi) = difference["mean"], difference["ci95"]
     if lo <= 0 <= hi:
         return f"no clear difference on {name}: B - A = {d:+.2f} {unit}, 95% CI [{lo:+.2f}, {hi:+.2f}]"
     better = "B" if d < 0 else "A"
     return f"{better} is better on {name} by {abs(d):.2f} {unit}, 95% CI of B - A [{lo:+.2f}, {hi:+.2f}]"
+
+
+def comparison_table(result: dict[str, Any]) -> list[str]:
+    """The readable form of `compare_policies`' result: one table per side, then B - A."""
+    lines = [f"{result['samples']} samples of {result['episodes']} validation episodes, error over the first "
+             f"{result['n_action_steps']} (executed) steps; [95% CI], {result['bootstrap_resamples']} bootstrap resamples"]
+    lines += [f"  {name} omitted: {why}" for name, why in result["omitted"].items()]
+    for name, side in result["sides"].items():
+        components = side["components"]
+        baselines = list(components[COMPONENTS[0]]["baselines"])
+        lines.append(f"\n{name}: {side['seeds']} seed{'s' * (side['seeds'] > 1)}; CIs cover {side['ci_covers']}")
+        lines.append(f"  {'':13s} {'policy':>22s} " + " ".join(f"{b:>18s}" for b in baselines)
+                     + f"  {'ratio to best baseline':>41s}  {'camera ablation gap':>24s}")
+        for c in COMPONENTS:
+            e = components[c]
+            ratio = e.get("ratio_to_best_baseline")
+            gap = e.get("camera_ablation_gap")
+            lines.append(
+                f"  {c:13s} {_fmt(e['policy']):>22s} " + " ".join(f"{e['baselines'][b]['mean']:18.2f}" for b in baselines)
+                + "  " + (f"{_fmt(ratio)} {e['best_baseline']:>17s}" if ratio else "-").rjust(41)
+                + "  " + (_fmt(gap, "+") if gap else "-").rjust(24)
+            )
+    if "b_minus_a" in result:
+        lines.append(f"\nB - A; CIs cover {result['b_minus_a_ci_covers']}")
+        lines += [f"  {c:13s} {verdict(c, result['b_minus_a'][c])}" for c in COMPONENTS]
+    return lines
+
+
+def _fmt(entry: dict[str, Any], sign: str = "") -> str:
+    lo, hi = entry["ci95"]
+    return f"{entry['mean']:{sign}.2f} [{lo:{sign}.2f}, {hi:{sign}.2f}]"

@@ -13,6 +13,18 @@ from policypipe.dataset.windows import episode_bounds
 from policypipe.evaluation.samples import Samples
 from policypipe.plotting import plt, save_png
 
+LABELS = {
+    "policy": "policy",
+    "camera_ablation_other_episodes": "policy, frames of another episode",
+    "camera_ablation_constant_image": "policy, constant image",
+    "constant_velocity": "constant velocity",
+    "mean_motion": "mean motion",
+    "hold_still": "hold still",
+}
+# Drawn over the recorded paths: the policy, what it does without its own frames, and the best
+# simple guess (colour, line style).
+PATHS = {"policy": ("tab:blue", "-"), "camera_ablation_other_episodes": ("tab:red", "-"),
+         "constant_velocity": ("tab:green", "--")}
 
 
 def write_eval_plots(store: Path, samples: Samples, chunks: dict[str, np.ndarray], per_step: list[dict],
@@ -36,25 +48,30 @@ def write_eval_plots(store: Path, samples: Samples, chunks: dict[str, np.ndarray
         bottom.plot(stamps[span], 1000 * width[span], color="0.6", lw=2, label="recorded")
         for i in np.flatnonzero(samples.episodes == e):
             a = samples.anchors[i]
-            for name, color in (("policy", "tab:blue"), ("camera_ablation", "tab:red")):
+            for name, (color, style) in PATHS.items():
+                if name not in chunks:
+                    continue
                 chunk = chunks[name][i]
                 world = pos[a] + chunk[:, :3] @ rot[a].T  # relative positions back to the world frame
-                top.plot(world[:n_action_steps, 0], world[:n_action_steps, 1], color=color, lw=1, alpha=0.8)
-                t = stamps[a] + np.arange(len(chunk)) * np.median(np.diff(stamps[span]))
-                bottom.plot(t[:n_action_steps], 1000 * chunk[:n_action_steps, 9], color=color, lw=1, alpha=0.8)
+                top.plot(world[:n_action_steps, 0], world[:n_action_steps, 1], color=color, ls=style, lw=1, alpha=0.8)
+                # Action step k lies k + 1 frame intervals after the anchor.
+                t = stamps[a] + np.arange(1, len(chunk) + 1) * np.median(np.diff(stamps[span]))
+                bottom.plot(t[:n_action_steps], 1000 * chunk[:n_action_steps, 9], color=color, ls=style, lw=1, alpha=0.8)
         top.set(title=f"episode {e}: top-down (m)", xlabel="x", ylabel="y")
         top.set_aspect("equal", adjustable="datalim")
         bottom.set(xlabel="time in episode (s)", ylabel="gripper width (mm)")
-    axes[0, 0].plot([], [], color="tab:blue", label="policy (executed steps)")
-    axes[0, 0].plot([], [], color="tab:red", label="policy without camera")
+    for name, (color, style) in PATHS.items():
+        if name in chunks:
+            axes[0, 0].plot([], [], color=color, ls=style, label=LABELS[name] + " (executed steps)")
     axes[0, 0].legend(fontsize=7, loc="best")
     fig.suptitle("predicted action chunks against the recorded future, validation episodes")
     written.append(save_png(fig, out_dir / "predicted_vs_recorded.png", dpi=100))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     steps = [row["step"] for row in per_step]
-    for name in ("policy", "camera_ablation", "mean_motion", "hold_still"):
-        ax.plot(steps, [row[name] for row in per_step], marker="o", ms=3, label=name.replace("_", " "))
+    for name in LABELS:
+        if name in per_step[0]:
+            ax.plot(steps, [row[name] for row in per_step], marker="o", ms=3, label=LABELS[name])
     ax.axvline(n_action_steps + 0.5, color="0.7", ls="--", lw=1)
     ax.set(xlabel="horizon step", ylabel="position error (mm)", title="error along the horizon (dashed: executed)")
     ax.legend(fontsize=8)
