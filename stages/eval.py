@@ -73,5 +73,6 @@ def main() -> None:
     for name, why in r["omitted"].items():
         print(f"note: {name} omitted: {why}")
 
+
 if __name__ == "__main__":
     main()
