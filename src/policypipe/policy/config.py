@@ -5,12 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PREDICTION_TYPES = ("epsilon", "sample", "v_prediction")
+IMAGE_POOLINGS = ("spatial_softmax", "average")
+NORMALIZATIONS = ("min_max", "mean_std")
+TIMESTEP_SPACINGS = ("trailing", "leading")
 
 
 def unet_horizon_multiple(down_dims: tuple[int, ...]) -> int:
     """What the horizon must be a multiple of: the U-Net halves it once per level after the first
     (a stride-2 convolution), and the way up must meet the skip connections at the same length."""
     return 2 ** (len(down_dims) - 1)
+
+
+def encoder_feature_map_size(crop_size: tuple[int, int], encoder_widths: tuple[int, ...]) -> tuple[int, int]:
+    """(width, height) of the image encoder's last feature map: the stem's convolution and max-pool
+    and every stage after the first each halve it, rounding up (kernel 7/3, padding 3/1)."""
+    halvings = 2 + len(encoder_widths) - 1
+    return tuple(-(-c // 2**halvings) for c in crop_size)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,11 @@ class PolicyConfig:
     crop_size: tuple[int, int] = (88, 88)  # random crop in training, centre crop at inference
     encoder_widths: tuple[int, ...] = (64, 128, 256, 512)
     image_feature_dim: int = 256
+    # How the last feature map becomes a vector: "spatial_softmax" (Chi et al., after robomimic: a
+    # 1x1 convolution to num_keypoints maps, a softmax over positions, the expected (x, y) of each)
+    # or "average" (global average pooling, as an image classifier).
+    image_pooling: str = "spatial_softmax"
+    num_keypoints: int = 32
     # Denoiser: a conditional 1-D temporal U-Net with FiLM.
     down_dims: tuple[int, ...] = (256, 512, 1024)
     kernel_size: int = 5
@@ -33,6 +48,17 @@ class PolicyConfig:
     num_train_timesteps: int = 100
     num_inference_steps: int = 16
     beta_schedule: str = "squaredcos_cap_v2"
+    # Which DDIM steps inference visits (diffusers' `timestep_spacing`): "trailing" starts at the
+    # last training step (pure noise, as sampling starts), "leading" at a multiple of
+    # num_train_timesteps // num_inference_steps (90 of 100 for 16 steps), where some signal is
+    # left that the Gaussian start does not have. diffusers' DDIM step always lands
+    # num_train_timesteps // num_inference_steps below the current step: with "trailing" and a
+    # count that does not divide num_train_timesteps (16 of 100: 99, 93, 87, 80, ...) it lands on
+    # 81 while the next step is evaluated at 80, four times in 16; a divisor (10, 20, 25) is exact.
+    timestep_spacing: str = "trailing"
+    # Low-dimensional normalization (normalizer.py): "min_max" to [-1, 1], with the predicted
+    # clean chunk clipped to [-1, 1] while sampling, or "mean_std" (standardised, no clipping).
+    normalization: str = "min_max"
     # What the denoiser regresses: the noise ("epsilon", as in the Diffusion Policy paper), the
     # clean chunk ("sample") or the velocity ("v_prediction", which is well conditioned at every
     # noise level; README, "Prediction type").
@@ -55,6 +81,20 @@ class PolicyConfig:
                              f"{list(self.image_size)} in each dimension (width, height)")
         if any(w % 16 for w in self.encoder_widths):
             raise ValueError("encoder_widths must be multiples of 16 (GroupNorm uses 16 channels a group)")
+        if self.image_pooling not in IMAGE_POOLINGS:
+            raise ValueError(f"image_pooling must be one of {IMAGE_POOLINGS}, got {self.image_pooling!r}")
+        if self.num_keypoints < 1:
+            raise ValueError(f"num_keypoints must be >= 1, got {self.num_keypoints}")
+        feature_map = encoder_feature_map_size(self.crop_size, self.encoder_widths)
+        if self.image_pooling == "spatial_softmax" and feature_map == (1, 1):
+            # A softmax over one position is 1 whatever the image: every keypoint would be constant.
+            raise ValueError(f"image_pooling 'spatial_softmax' needs a feature map larger than 1x1: crop_size "
+                             f"{list(self.crop_size)} with {len(self.encoder_widths)} encoder_widths stages gives 1x1 "
+                             "(each stage after the first halves it); use a larger crop, fewer stages or 'average'")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
+        if self.timestep_spacing not in TIMESTEP_SPACINGS:
+            raise ValueError(f"timestep_spacing must be one of {TIMESTEP_SPACINGS}, got {self.timestep_spacing!r}")
         if self.prediction_type not in PREDICTION_TYPES:
             raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {self.prediction_type!r}")
         if not 1 <= self.num_inference_steps <= self.num_train_timesteps:

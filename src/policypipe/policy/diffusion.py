@@ -2,8 +2,9 @@
 
 Training (DDPM): noise a normalised action chunk at a random diffusion step and regress the
 noise (epsilon prediction), the clean chunk or the velocity, as `prediction_type` says.
-Inference (DDIM): start from Gaussian noise and denoise in `num_inference_steps` steps. The
-schedules come from diffusers.
+Inference (DDIM): start from Gaussian noise and denoise in `num_inference_steps` steps, at the
+diffusion steps `timestep_spacing` picks; with min/max normalization each step clips its
+estimate of the clean chunk to [-1, 1]. The schedules come from diffusers.
 
 Batch layout, with B batch, O = n_obs_steps, T = horizon:
   obs_images   uint8 (B, O, H, W, 3)
@@ -24,7 +25,7 @@ from torch import nn
 from policypipe.dataset.windows import ACTION_DIM, POSE_DIM
 from policypipe.policy.config import PolicyConfig
 from policypipe.policy.encoder import ImageEncoder
-from policypipe.policy.normalizer import ImageNormalizer, StandardNormalizer
+from policypipe.policy.normalizer import ImageNormalizer, LowDimNormalizer
 from policypipe.policy.unet import ConditionalUnet1D
 
 
@@ -34,21 +35,30 @@ class DiffusionPolicy(nn.Module):
         super().__init__()
         self.config = config
         self.image_normalizer = ImageNormalizer()
-        self.pose_normalizer = StandardNormalizer(POSE_DIM)
-        self.width_normalizer = StandardNormalizer(1)
-        self.action_normalizer = StandardNormalizer(ACTION_DIM)
-        self.encoder = ImageEncoder(config.encoder_widths, config.image_feature_dim)
+        self.pose_normalizer = LowDimNormalizer(POSE_DIM, config.normalization)
+        self.width_normalizer = LowDimNormalizer(1, config.normalization)
+        self.action_normalizer = LowDimNormalizer(ACTION_DIM, config.normalization)
+        self.encoder = ImageEncoder(
+            config.encoder_widths, config.image_feature_dim, config.image_pooling, config.num_keypoints
+        )
         cond_dim = config.n_obs_steps * (config.image_feature_dim + POSE_DIM + 1)
         self.denoiser = ConditionalUnet1D(
             ACTION_DIM, cond_dim, config.down_dims, config.diffusion_step_embed_dim, config.kernel_size, config.n_groups
         )
-        # No clipping of the predicted clean sample: standardised actions are not bounded by 1.
         schedule = dict(
             num_train_timesteps=config.num_train_timesteps, beta_schedule=config.beta_schedule,
-            clip_sample=False, prediction_type=config.prediction_type,
+            prediction_type=config.prediction_type,
         )
-        self.train_scheduler = DDPMScheduler(**schedule)
-        self.inference_scheduler = DDIMScheduler(**schedule, set_alpha_to_one=True)
+        # Training only noises chunks (add_noise) and reads the velocity target (get_velocity);
+        # DDPM's own sampling step, where its clipping and spacing would act, is never called.
+        self.train_scheduler = DDPMScheduler(**schedule, clip_sample=False)
+        # Min/max-normalised training actions lie in [-1, 1], so each DDIM step clips its estimate
+        # of the clean chunk there (the reference's setting); standardised ones are not bounded.
+        # set_alpha_to_one: the last step, whatever the spacing, returns that clipped estimate.
+        self.inference_scheduler = DDIMScheduler(
+            **schedule, clip_sample=config.normalization == "min_max", clip_sample_range=1.0,
+            set_alpha_to_one=True, timestep_spacing=config.timestep_spacing,
+        )
 
     def fit_normalizers(self, stats: dict[str, Any]) -> None:
         """Loads the `stats` stage's statistics into the policy's own state."""

@@ -2,6 +2,12 @@
 
 GroupNorm instead of BatchNorm: statistics do not depend on the batch, so EMA weights and
 small per-device batches behave (Chi et al. replace BatchNorm the same way).
+
+The last feature map (B, C, h, w), the crop halved by the stem's convolution, by its max-pool
+and by each stage after the first (config.encoder_feature_map_size: 3x3 for an 88x88 crop and
+four stages, as the reference's ResNet-18 on 84x84), is pooled into a vector by spatial softmax
+(Chi et al., after robomimic: where in the image each of K learned features is, (B, 2K)) or by
+global averaging (what is there, not where, (B, C)); a linear layer maps it to feature_dim.
 """
 
 from __future__ import annotations
@@ -32,10 +38,40 @@ class BasicBlock(nn.Module):
         return torch.relu(self.norm2(self.conv2(y)) + self.skip(x))
 
 
+class SpatialSoftmax(nn.Module):
+    """(B, C, h, w) features -> (B, 2K) keypoints [x_0, y_0, x_1, y_1, ...].
+
+    A 1x1 convolution makes K maps; a softmax over the h x w positions (temperature 1, as the
+    reference) turns each into a distribution, whose mean position is the keypoint. Positions
+    are on robomimic's grid: x from -1 (left column) to +1 (right), y from -1 (top row) to +1.
+    """
+
+    def __init__(self, channels: int, num_keypoints: int) -> None:
+        super().__init__()
+        self.keypoint_maps = nn.Conv2d(channels, num_keypoints, 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        maps = self.keypoint_maps(features)  # (B, K, h, w)
+        h, w = maps.shape[-2:]
+        attention = maps.flatten(2).softmax(dim=-1).view_as(maps)
+        xs = torch.linspace(-1.0, 1.0, w, device=maps.device, dtype=attention.dtype)
+        ys = torch.linspace(-1.0, 1.0, h, device=maps.device, dtype=attention.dtype)
+        x = (attention.sum(dim=-2) * xs).sum(dim=-1)  # column marginal (B, K, w) -> (B, K)
+        y = (attention.sum(dim=-1) * ys).sum(dim=-1)  # row marginal (B, K, h) -> (B, K)
+        return torch.stack([x, y], dim=-1).flatten(1)
+
+
+class GlobalAveragePool(nn.Module):
+    """(B, C, h, w) -> (B, C)."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features.mean(dim=(-2, -1))
+
+
 class ImageEncoder(nn.Module):
     """(B, 3, H, W) normalised images -> (B, feature_dim)."""
 
-    def __init__(self, widths: tuple[int, ...], feature_dim: int) -> None:
+    def __init__(self, widths: tuple[int, ...], feature_dim: int, pooling: str, num_keypoints: int) -> None:
         super().__init__()
         self.stem = nn.Sequential(
             nn.Conv2d(3, widths[0], 7, 2, 3, bias=False), _norm(widths[0]), nn.ReLU(), nn.MaxPool2d(3, 2, 1)
@@ -45,8 +81,15 @@ class ImageEncoder(nn.Module):
             stages += [BasicBlock(c_in, c_out, 1 if i == 0 else 2), BasicBlock(c_out, c_out, 1)]
             c_in = c_out
         self.stages = nn.Sequential(*stages)
-        self.head = nn.Linear(widths[-1], feature_dim)
+        if pooling == "spatial_softmax":
+            self.pool: nn.Module = SpatialSoftmax(widths[-1], num_keypoints)
+            pooled_dim = 2 * num_keypoints
+        elif pooling == "average":
+            self.pool = GlobalAveragePool()
+            pooled_dim = widths[-1]
+        else:
+            raise ValueError(f"pooling must be 'spatial_softmax' or 'average', got {pooling!r}")
+        self.head = nn.Linear(pooled_dim, feature_dim)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = self.stages(self.stem(images))
-        return self.head(x.mean(dim=(-2, -1)))
+        return self.head(self.pool(self.stages(self.stem(images))))

@@ -1,12 +1,18 @@
 """The normalizer, part of the policy's state: saved and loaded with its weights.
 
-Low-dimensional arrays are standardised per dimension with the mean and standard deviation of
-the training episodes (the `stats` stage); a dimension that (almost) does not vary is only
-centred. Not min/max to [-1, 1]: relative actions are heavy-tailed (far horizon steps move much
-more than near ones), and a [-1, 1] range set by the extremes squeezes most of the data near
-zero, where the denoiser's residual error is as large as the signal (measured on the demo:
-per-dimension std 0.03-0.2 after min/max scaling, and a policy error twice hold-still's).
-Images are scaled to [0, 1], then standardised per channel.
+Each low-dimensional array (observed poses, observed width, actions) is mapped per dimension by
+y = x * scale + offset, fitted on the training episodes' statistics (the `stats` stage), in the
+mode `PolicyConfig.normalization` names:
+- "min_max": the training minimum goes to -1 and the maximum to +1 (the reference
+  implementations' default). Values outside the training range map outside [-1, 1] and are not
+  clipped here; the policy clips its predicted clean action chunk to [-1, 1] while sampling
+  (diffusion.py), so its actions stay within the training minimum and maximum.
+- "mean_std": standardised with the training mean and standard deviation; unbounded, so the
+  policy does not clip.
+A dimension that (almost) does not vary (range below MIN_RANGE, or standard deviation below
+MIN_STD) is only centred (scale 1): dividing by its spread would blow rounding noise up to the
+size of a real signal.
+Images are scaled to [0, 1], then standardised per channel, in both modes.
 """
 
 from __future__ import annotations
@@ -16,22 +22,36 @@ from typing import Any
 import torch
 from torch import nn
 
+from policypipe.policy.config import NORMALIZATIONS
+
 MIN_STD = 1e-5
+# The reference's (diffusion_policy) range below which a dimension counts as constant.
+MIN_RANGE = 1e-4
 
 
-class StandardNormalizer(nn.Module):
-    def __init__(self, dim: int) -> None:
+class LowDimNormalizer(nn.Module):
+    def __init__(self, dim: int, mode: str) -> None:
         super().__init__()
+        if mode not in NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {mode!r}")
+        self.mode = mode
         self.register_buffer("scale", torch.ones(dim))
         self.register_buffer("offset", torch.zeros(dim))
 
     @torch.no_grad()
     def fit(self, stats: dict[str, Any]) -> None:
-        mean = torch.tensor(stats["mean"], dtype=torch.float64)
-        std = torch.tensor(stats["std"], dtype=torch.float64)
-        scale = torch.where(std > MIN_STD, 1.0 / std.clamp_min(MIN_STD), torch.ones_like(std))
+        """`stats`: one entry of stats.json's `lowdim` (per-dimension lists: min, max, mean, std, ...)."""
+        if self.mode == "min_max":
+            low = torch.tensor(stats["min"], dtype=torch.float64)
+            high = torch.tensor(stats["max"], dtype=torch.float64)
+            centre, spread, varies = (low + high) / 2, (high - low) / 2, high - low > MIN_RANGE
+        else:
+            centre = torch.tensor(stats["mean"], dtype=torch.float64)
+            spread = torch.tensor(stats["std"], dtype=torch.float64)
+            varies = spread > MIN_STD
+        scale = 1.0 / torch.where(varies, spread, torch.ones_like(spread))
         self.scale.copy_(scale.float())
-        self.offset.copy_((-mean * scale).float())
+        self.offset.copy_((-centre * scale).float())
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.scale + self.offset

@@ -1,0 +1,65 @@
+"""The image encoder: spatial-softmax keypoints against their analytic values, and the shapes of
+both poolings at the demo's and the real-robot sizes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from policypipe.policy.config import PolicyConfig, encoder_feature_map_size
+from policypipe.policy.encoder import ImageEncoder, SpatialSoftmax
+
+
+def test_each_keypoint_is_the_expected_position_of_its_softmax_map() -> None:
+    # Two channels, each one peak of height a on a 4-row x 5-column map of zeros; keypoint k reads
+    # channel k alone. On robomimic's grid (x: linspace(-1, 1, 5) per column, y: linspace(-1, 1, 4)
+    # per row) every row and column sums to zero, so with N = 20 positions the softmax mean is
+    # peak * (e^a - 1) / (e^a + N - 1).
+    a, n = 3.0, 20
+    features = torch.zeros(1, 2, 4, 5)
+    features[0, 0, 1, 3] = a  # x 0.5, y -1/3
+    features[0, 1, 3, 0] = a  # x -1, y 1
+    pool = SpatialSoftmax(channels=2, num_keypoints=2)
+    with torch.no_grad():
+        pool.keypoint_maps.weight.copy_(torch.eye(2).view(2, 2, 1, 1))
+        pool.keypoint_maps.bias.zero_()
+    shrink = (math.exp(a) - 1) / (math.exp(a) + n - 1)
+    expected = torch.tensor([[0.5, -1 / 3, -1.0, 1.0]]) * shrink  # [x_0, y_0, x_1, y_1]
+    assert torch.allclose(pool(features), expected, atol=1e-6)
+    # A dominant peak: the keypoint is the peak's position itself.
+    assert torch.allclose(pool(features * 30), torch.tensor([[0.5, -1 / 3, -1.0, 1.0]]), atol=1e-6)
+
+
+@pytest.mark.parametrize("pooling", ["spatial_softmax", "average"])
+@pytest.mark.parametrize(
+    ("widths", "crop", "feature_map"),
+    [
+        ((16, 32, 64, 128), (88, 88), (3, 3)),  # the demo (params.yaml)
+        ((64, 128, 256, 512), (88, 88), (3, 3)),  # PolicyConfig's default, real-robot widths
+        ((64, 128, 256, 512), (216, 216), (7, 7)),  # a 224 x 224 camera (tests/benchmarks/bench_train.py)
+    ],
+)
+def test_feature_map_and_features_have_the_documented_sizes(pooling, widths, crop, feature_map) -> None:
+    assert encoder_feature_map_size(crop, widths) == feature_map
+    encoder = ImageEncoder(widths, feature_dim=64, pooling=pooling, num_keypoints=32)
+    images = torch.randn(2, 3, crop[1], crop[0])
+    with torch.no_grad():
+        last = encoder.stages(encoder.stem(images))
+        assert last.shape == (2, widths[-1], feature_map[1], feature_map[0])
+        assert encoder.pool(last).shape == (2, 2 * 32 if pooling == "spatial_softmax" else widths[-1])
+        assert encoder(images).shape == (2, 64)
+
+
+def test_feature_map_size_rounds_up_per_halving_for_a_non_square_crop() -> None:
+    encoder = ImageEncoder((16, 32), feature_dim=8, pooling="spatial_softmax", num_keypoints=4)
+    with torch.no_grad():
+        last = encoder.stages(encoder.stem(torch.zeros(1, 3, 10, 14)))  # crop (width 14, height 10)
+    assert encoder_feature_map_size((14, 10), (16, 32)) == (last.shape[-1], last.shape[-2]) == (2, 2)
+
+
+def test_spatial_softmax_on_a_one_by_one_map_is_refused_with_what_to_change() -> None:
+    with pytest.raises(ValueError, match="larger than 1x1.*use a larger crop, fewer stages or 'average'"):
+        PolicyConfig(image_size=(32, 32), crop_size=(32, 32), encoder_widths=(16, 32, 64, 128))
+    PolicyConfig(image_size=(32, 32), crop_size=(32, 32), encoder_widths=(16, 32, 64, 128), image_pooling="average")
