@@ -166,9 +166,10 @@ class Recorder(torch.nn.Module):
         # diffusers' DDIMScheduler cites), 0-based as diffusers counts.
         ("leading", 1000, 10, [900, 800, 700, 600, 500, 400, 300, 200, 100, 0]),
         ("trailing", 1000, 10, [999, 899, 799, 699, 599, 499, 399, 299, 199, 99]),
-        # The demo's 100 training and 16 inference steps.
+        # The demo's 100 training and 20 inference steps; 16, the reference's count, with leading.
+        ("leading", 100, 20, list(range(95, -1, -5))),
+        ("trailing", 100, 20, list(range(99, 3, -5))),
         ("leading", 100, 16, [90, 84, 78, 72, 66, 60, 54, 48, 42, 36, 30, 24, 18, 12, 6, 0]),
-        ("trailing", 100, 16, [99, 93, 87, 80, 74, 68, 61, 55, 49, 43, 37, 30, 24, 18, 11, 5]),
     ],
 )
 def test_sampling_visits_the_diffusion_steps_of_its_timestep_spacing(spacing, train_steps, inference_steps, expected) -> None:
@@ -177,3 +178,10 @@ def test_sampling_visits_the_diffusion_steps_of_its_timestep_spacing(spacing, tr
     policy.denoiser = recorder = Recorder()
     policy.eval().predict_action(batch(), torch.Generator().manual_seed(0))
     assert recorder.steps == expected
+
+
+def test_trailing_spacing_refuses_a_step_count_that_would_sample_at_the_wrong_noise_level() -> None:
+    # diffusers' DDIM always steps down by num_train_timesteps // num_inference_steps: trailing
+    # 16 of 100 would visit 99, 93, 87, 80 but land on 81 before it asks the network about 80.
+    with pytest.raises(ValueError, match=r"num_inference_steps 16 must divide num_train_timesteps 100.*10, 20, 25"):
+        replace(TINY, timestep_spacing="trailing", num_train_timesteps=100, num_inference_steps=16)

@@ -46,15 +46,15 @@ class PolicyConfig:
     diffusion_step_embed_dim: int = 128
     # Diffusion: DDPM training, DDIM inference.
     num_train_timesteps: int = 100
-    num_inference_steps: int = 16
+    num_inference_steps: int = 20
     beta_schedule: str = "squaredcos_cap_v2"
     # Which DDIM steps inference visits (diffusers' `timestep_spacing`): "trailing" starts at the
     # last training step (pure noise, as sampling starts), "leading" at a multiple of
     # num_train_timesteps // num_inference_steps (90 of 100 for 16 steps), where some signal is
     # left that the Gaussian start does not have. diffusers' DDIM step always lands
     # num_train_timesteps // num_inference_steps below the current step: with "trailing" and a
-    # count that does not divide num_train_timesteps (16 of 100: 99, 93, 87, 80, ...) it lands on
-    # 81 while the next step is evaluated at 80, four times in 16; a divisor (10, 20, 25) is exact.
+    # count that does not divide num_train_timesteps (16 of 100: 99, 93, 87, 80, ...) it would land
+    # on 81 while the next step is evaluated at 80, so such a count is refused.
     timestep_spacing: str = "trailing"
     # Low-dimensional normalization (normalizer.py): "min_max" to [-1, 1], with the predicted
     # clean chunk clipped to [-1, 1] while sampling, or "mean_std" (standardised, no clipping).
@@ -99,3 +99,10 @@ class PolicyConfig:
             raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {self.prediction_type!r}")
         if not 1 <= self.num_inference_steps <= self.num_train_timesteps:
             raise ValueError("num_inference_steps must be in 1..num_train_timesteps")
+        if self.timestep_spacing == "trailing" and self.num_train_timesteps % self.num_inference_steps:
+            divisors = [d for d in range(2, self.num_train_timesteps) if self.num_train_timesteps % d == 0]
+            near = sorted(divisors, key=lambda d: abs(d - self.num_inference_steps))[:3]
+            raise ValueError(
+                f"num_inference_steps {self.num_inference_steps} must divide num_train_timesteps "
+                f"{self.num_train_timesteps} with timestep_spacing trailing (DDIM would sample at the wrong noise "
+                f"level): use {', '.join(map(str, sorted(near)))}, or timestep_spacing leading")
