@@ -26,7 +26,7 @@ def test_smoke_fails_when_the_restored_state_is_incomplete(dataset) -> None:
         latest = run_dir / "checkpoints" / "latest"
         files = {p.name: p.read_bytes() for p in latest.iterdir() if p.name != "manifest.json"}
         rng = load_file(latest / "rng.safetensors")
-        rng["train_generator"] = torch.Generator().manual_seed(12345).get_state()
+        rng["rank0.train_generator"] = torch.Generator().manual_seed(12345).get_state()
         writers = {name: (lambda p, data=data: p.write_bytes(data)) for name, data in files.items()}
         writers["rng.safetensors"] = lambda p: save_file(rng, p)
         write_folder_atomic(latest, writers)
