@@ -308,19 +308,43 @@ config = replace(CONFIG, num_processes=2, steps=6, checkpoint_every=3, val_every
 for run_dir, stop_after in json.loads(sys.argv[4]):
     result = loop.train(store=Path(sys.argv[1]), stats=stats, stats_sha256="s" * 64, config=config,
                         run_dir=Path(run_dir), stop_after=stop_after)
-    print("rank", os.environ["RANK"], "resumed_from", result.resumed_from, "steps", result.steps, flush=True)
+    print("rank", os.environ["RANK"], "resumed_from", result.resumed_from, "steps", result.steps,
+          "backed off", result.oom_adjustments, flush=True)
+"""
+
+# Rank 1 alone cannot hold more than 2 samples (a smaller GPU, or a neighbour's memory): a test
+# double of the forward pass, installed on that process only.
+RANK_1_SHORT_OF_MEMORY = """
+import os
+import torch
+from policypipe.policy.diffusion import DiffusionPolicy
+
+real_forward = DiffusionPolicy.forward
+def small_memory(self, batch, generator=None):
+    if len(batch["action"]) > 2:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+    return real_forward(self, batch, generator)
+if os.environ["RANK"] == "1":
+    DiffusionPolicy.forward = small_memory
 """
 
 
-def run_two_processes(dataset, runs: list[tuple[Path, int | None]], timeout: float = 240) -> subprocess.CompletedProcess:
+def run_two_processes(dataset, runs: list[tuple[Path, int | None]], script: str = TWO_PROCESS_SCRIPT,
+                      timeout: float = 240) -> subprocess.CompletedProcess:
     """Runs `train` on 2 CPU processes (gloo), once per (run folder, stop_after), in one launch."""
     repo = Path(__file__).resolve().parents[2]
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "--no-python", sys.executable, "-c", TWO_PROCESS_SCRIPT,
-         str(dataset[0]), str(dataset[1]), str(repo), json.dumps([[str(d), s] for d, s in runs])],
-        capture_output=True, text=True, timeout=timeout,
-    )
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "--no-python", sys.executable, "-c", script,
+               str(dataset[0]), str(dataset[1]), str(repo), json.dumps([[str(d), s] for d, s in runs])]
+    # A session of its own: on a timeout the workers are killed with the launcher, not left hanging.
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, _ = proc.communicate()
+        raise subprocess.TimeoutExpired(command, timeout, stdout) from None
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
 def test_two_processes_interrupted_and_resumed_end_with_the_weights_of_an_uninterrupted_run(dataset, tmp_path: Path) -> None:
@@ -371,3 +395,19 @@ def test_weights_do_not_depend_on_the_process_thread_count_or_the_data_workers(d
         torch.set_num_threads(previous)
     a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_out_of_memory_on_one_of_two_processes_backs_off_on_both_instead_of_hanging(dataset, tmp_path: Path) -> None:
+    # 8 samples per step over 2 processes: 4 per process, more than rank 1 holds. Without agreeing,
+    # rank 0 would wait forever in the gradient all-reduce for a rank that is retrying.
+    script = TWO_PROCESS_SCRIPT.replace("import policypipe.training.loop as loop", RANK_1_SHORT_OF_MEMORY
+                                        + "import policypipe.training.loop as loop")
+    try:
+        done = run_two_processes(dataset, [(tmp_path / "run", None)], script=script, timeout=90)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the processes hung after rank 1 ran out of memory: {exc.stdout}")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    finished = sorted(line for line in done.stdout.splitlines() if line.startswith("rank"))
+    assert len(finished) == 2 and all("steps 6" in line for line in finished)
+    assert all("out of memory at 4 samples per device: retrying with 2 and grad_accum 2" in line for line in finished)
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "latest").trainer["grad_accum"] == 2

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from policypipe.atomic import MANIFEST, canonical_json, verify_folder, write_json_atomic
@@ -273,7 +274,8 @@ class TrainResult:
     oom_adjustments: list[str] = field(default_factory=list)
 
 
-# Out-of-memory errors this many steps into a (re)start are met by a smaller micro-batch.
+# Out-of-memory errors this many steps into a (re)start are met by a smaller micro-batch, on
+# every process at once (see _backward_agreeing_on_memory).
 OOM_WINDOW_STEPS = 3
 
 
@@ -425,13 +427,11 @@ def _train_once(
             batch = _to(next(batches), accelerator.device)
             wait_s += time.perf_counter() - t_wait
             with accelerator.accumulate(policy):
-                try:
+                if step < start_step + OOM_WINDOW_STEPS:
+                    loss = _backward_agreeing_on_memory(accelerator, policy, batch, generator)
+                else:
                     loss = policy(batch, generator)  # through the wrapper: DDP syncs gradients
                     accelerator.backward(loss)
-                except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
-                    if _is_out_of_memory(exc) and step < start_step + OOM_WINDOW_STEPS:
-                        raise _EarlyOutOfMemory() from exc
-                    raise
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(policy.parameters(), config.grad_clip)
                 optimizer.step()
@@ -477,6 +477,42 @@ def _train_once(
         last_train_loss=loss_value, samples_per_s=samples / max(busy_s, 1e-9),
         data_wait_fraction=wait_s / max(busy_s, 1e-9), checkpoint_warnings=warnings, policy=ema,
     )
+
+
+def _backward_agreeing_on_memory(accelerator, policy, batch: dict[str, torch.Tensor], generator: torch.Generator) -> torch.Tensor:
+    """Forward and backward of one micro-batch in the first steps of a (re)start, where running
+    out of memory means backing off: all processes back off together, or none does.
+
+    A process out of memory never reaches DDP's gradient all-reduce inside backward, and the
+    others would wait for it there forever. So here gradients stay local (no_sync), the processes
+    agree whether any ran out, and only then are the gradients averaged as DDP does (each divided
+    by the number of processes, then summed: the same bits as DDP's for 2 processes).
+    """
+    ran_out = None
+    try:
+        with accelerator.no_sync(policy):
+            loss = policy(batch, generator)
+            accelerator.backward(loss)
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+        if not _is_out_of_memory(exc):
+            raise
+        ran_out = exc
+    world = accelerator.num_processes
+    if world > 1:
+        flags = torch.zeros(world, device=accelerator.device)
+        flags[accelerator.process_index] = float(ran_out is not None)
+        dist.all_reduce(flags)
+        if ran_out is None and flags.any():
+            ranks = ", ".join(str(r) for r in flags.nonzero().flatten().tolist())
+            ran_out = RuntimeError(f"process {ranks} ran out of memory")
+    if ran_out is not None:
+        raise _EarlyOutOfMemory() from ran_out
+    if accelerator.sync_gradients and world > 1:
+        for p in policy.parameters():
+            if p.grad is not None:
+                p.grad.div_(world)
+                dist.all_reduce(p.grad)
+    return loss
 
 
 class _MicroBatches:
