@@ -225,43 +225,6 @@ def test_verify_command_checks_a_checkpoint_against_its_manifest(dataset, tmp_pa
     assert bad.returncode == 1 and "trainer.json: SHA-256 differs" in bad.stdout
 
 
-DISTRIBUTED_SCRIPT = """
-import json, os, sys
-from dataclasses import replace
-from pathlib import Path
-sys.path.insert(0, sys.argv[3])
-import policypipe.training.loop as loop
-from tests.training.conftest import CONFIG
-
-real_save = loop.save_checkpoint
-def recording_save(folder, state):
-    with open(Path(sys.argv[4]).parent / "writers.txt", "a") as f:
-        f.write(os.environ["RANK"] + "\\n")
-    return real_save(folder, state)
-loop.save_checkpoint = recording_save
-stats = json.loads(Path(sys.argv[2]).read_text())
-result = loop.train(store=Path(sys.argv[1]), stats=stats, stats_sha256="s" * 64,
-                    config=replace(CONFIG, num_processes=2, steps=6, checkpoint_every=3), run_dir=Path(sys.argv[4]))
-print("rank", os.environ["RANK"], "steps", result.steps, "loss", result.last_train_loss, flush=True)
-"""
-
-
-def test_two_cpu_processes_train_together_and_only_rank_0_writes(dataset, tmp_path: Path) -> None:
-    repo = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "--no-python", sys.executable, "-c", DISTRIBUTED_SCRIPT,
-         str(dataset[0]), str(dataset[1]), str(repo), str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank"))
-    assert [line.split()[1] for line in lines] == ["0", "1"]
-    assert lines[0].split()[-1] == lines[1].split()[-1]  # the same (gathered) loss on both ranks
-    assert set((tmp_path / "writers.txt").read_text().split()) == {"0"}  # only rank 0 wrote checkpoints
-    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "latest").trainer["step"] == 6
-
-
 def test_out_of_memory_in_the_first_steps_halves_the_device_batch_and_keeps_the_step_batch(dataset, tmp_path: Path, monkeypatch) -> None:
     from policypipe.policy.diffusion import DiffusionPolicy
 
@@ -303,13 +266,20 @@ sys.path.insert(0, sys.argv[3])
 import policypipe.training.loop as loop
 from tests.training.conftest import CONFIG
 
+real_save = loop.save_checkpoint
+def recording_save(folder, state):  # who writes checkpoints, next to the run folder
+    with open(Path(folder).parents[2] / "writers.txt", "a") as f:
+        f.write(os.environ["RANK"] + "\\n")
+    return real_save(folder, state)
+loop.save_checkpoint = recording_save
+
 stats = json.loads(Path(sys.argv[2]).read_text())
 config = replace(CONFIG, num_processes=2, steps=6, checkpoint_every=3, val_every=3)
 for run_dir, stop_after in json.loads(sys.argv[4]):
     result = loop.train(store=Path(sys.argv[1]), stats=stats, stats_sha256="s" * 64, config=config,
                         run_dir=Path(run_dir), stop_after=stop_after)
     print("rank", os.environ["RANK"], "resumed_from", result.resumed_from, "steps", result.steps,
-          "backed off", result.oom_adjustments, flush=True)
+          "loss", result.last_train_loss, "backed off", result.oom_adjustments, flush=True)
 """
 
 # Rank 1 alone cannot hold more than 2 samples (a smaller GPU, or a neighbour's memory): a test
@@ -347,14 +317,18 @@ def run_two_processes(dataset, runs: list[tuple[Path, int | None]], script: str 
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
-def test_two_processes_interrupted_and_resumed_end_with_the_weights_of_an_uninterrupted_run(dataset, tmp_path: Path) -> None:
+def test_two_processes_train_together_and_interrupted_and_resumed_end_with_the_uninterrupted_weights(dataset, tmp_path: Path) -> None:
     # The first launch ends with the second run stopped at step 3; the second launch (fresh processes)
     # resumes it. Each rank must continue with its own noise and crops, not rank 0's.
     first = run_two_processes(dataset, [(tmp_path / "straight", None), (tmp_path / "resumed", 3)])
     assert first.returncode == 0, first.stdout + first.stderr[-3000:]
+    straight = sorted(line.split() for line in first.stdout.splitlines() if line.startswith("rank") and "steps 6" in line)
+    assert [words[1] for words in straight] == ["0", "1"]
+    assert straight[0][7] == straight[1][7]  # the same (gathered) loss on both ranks
     second = run_two_processes(dataset, [(tmp_path / "resumed", None)])
     assert second.returncode == 0, second.stdout + second.stderr[-3000:]
     assert second.stdout.count("resumed_from 3 steps 6") == 2
+    assert set((tmp_path / "writers.txt").read_text().split()) == {"0"}  # only rank 0 writes checkpoints
 
     for name in ("model.safetensors", "ema.safetensors"):
         a = load_file(tmp_path / "straight" / "checkpoints" / "latest" / name)
