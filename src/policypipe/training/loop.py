@@ -4,8 +4,11 @@ distribution; everything else visible here, top to bottom.
 Rank 0 alone writes checkpoints, logs and metrics. A run resumes from the newest of `latest`
 and the fallback folder's checkpoints whose run-determining config, dataset fingerprint and
 statistics match; an unfinished `latest` of another setup is refused, saying what differs.
-Resume is exact: the sampler's position, every RNG and the optimizer, schedule and EMA are
-restored, so a run killed and resumed ends with the same weights.
+Resume is exact: the sampler's position, every RNG of every process (each rank its own) and
+the optimizer, schedule and EMA are restored, so a run killed and resumed ends with the same
+weights. On CPU the weights are a function of the inputs, the params and `cpu_threads` (not of
+`num_workers` or machine load), on the same CPU type and torch build; GPU kernels are not
+bitwise reproducible.
 """
 
 from __future__ import annotations
