@@ -126,7 +126,7 @@ def _smoke(args: argparse.Namespace) -> int:
     report = run_smoke(args.dataset, args.stats, config, steps=args.steps)
     gpu = f", peak GPU memory {report.peak_gpu_mb:.0f} MB" if report.peak_gpu_mb is not None else ""
     if report.ok:
-        print(f"smoke OK: step, learning rate, loss and weights continue seamlessly after resuming; "
+        print(f"smoke OK: step, learning rate, loss and weights continue seamlessly after resuming ({report.comparison}); "
               f"peak RSS {report.peak_rss_mb:.0f} MB{gpu}; {report.seconds:.0f} s")
         return 0
     print("smoke FAILED: " + "; ".join(report.problems))

@@ -50,6 +50,11 @@ def test_the_demo_sections_build() -> None:
         ({"keep_top_k": -1}, {}, ["keep_top_k", ">= 0"]),
         ({"min_device_batch": 0}, {}, ["min_device_batch", ">= 1"]),
         ({"num_workers": -1}, {}, ["num_workers", ">= 0"]),
+        ({"cpu_threads": 0}, {}, ["cpu_threads", ">= 1"]),
+        ({"ema_power": 0.0}, {}, ["ema_power", "> 0"]),
+        ({"ema_inv_gamma": math.nan}, {}, ["ema_inv_gamma", "> 0"]),
+        ({"ema_max_decay": 1.0}, {}, ["ema_max_decay < 1", "got 0.0 and 1.0"]),
+        ({"ema_min_decay": 0.5, "ema_max_decay": 0.4}, {}, ["ema_min_decay <= ema_max_decay"]),
         ({"model": {"crop_size": [20, 10]}}, {}, ["train.model", "crop_size [20, 10]", "at most", "image_size [16, 12]"]),
         # The U-Net halves the horizon len(down_dims) - 1 times: with 3 levels, a multiple of 4.
         ({"model": {"down_dims": [16, 32, 64]}}, {"horizon": 10}, ["policy.horizon 10", "multiple of 4", "train.model.down_dims"]),

@@ -5,9 +5,11 @@ A checkpoint is a folder:
   model.safetensors      the policy's weights and normalizer
   ema.safetensors        the EMA weights (what gets evaluated and exported)
   optimizer.safetensors  the optimizer's tensors; its other state is in trainer.json
-  rng.safetensors        torch's CPU and CUDA generator states, and the training generator's
-  trainer.json           step, epoch, sampler position, LR schedule, Python and NumPy RNG
-                         states, the config, the dataset fingerprint and the statistics' hash
+  rng.safetensors        per process (rank r: "rank{r}.<name>"), torch's CPU and CUDA generator
+                         states and the training generator's
+  trainer.json           step, epoch, sampler position, LR schedule, every process's Python and
+                         NumPy RNG states ("rng", a list by rank), the config, the dataset
+                         fingerprint and the statistics' hash
   manifest.json          SHA-256 of every other file
 
 It is written under a temporary name, every file fsynced, then renamed into place; a folder
@@ -46,7 +48,7 @@ class TrainingState:
 
 
 def capture_rng(generator: torch.Generator) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(JSON-able Python and NumPy states, tensors of torch's states)."""
+    """This process's RNG states: (JSON-able Python and NumPy states, tensors of torch's states)."""
     py = random.getstate()
     np_state = np.random.get_state()
     tensors = {"torch_cpu": torch.get_rng_state(), "train_generator": generator.get_state()}
@@ -60,14 +62,28 @@ def capture_rng(generator: torch.Generator) -> tuple[dict[str, Any], dict[str, t
     return plain, tensors
 
 
-def restore_rng(plain: dict[str, Any], tensors: dict[str, torch.Tensor], generator: torch.Generator) -> None:
-    version, state, gauss = plain["python"]
+def pack_rng(by_rank: list[tuple[dict[str, Any], dict[str, torch.Tensor]]]) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
+    """Every process's `capture_rng` (list index: rank) as the checkpoint holds them: trainer.json's
+    "rng" list and rng.safetensors' tensors named "rank{r}.<name>"."""
+    plain = [p for p, _ in by_rank]
+    tensors = {f"rank{rank}.{name}": t for rank, (_, named) in enumerate(by_rank) for name, t in named.items()}
+    return plain, tensors
+
+
+def restore_rng(plain: list[dict[str, Any]], tensors: dict[str, torch.Tensor], generator: torch.Generator,
+                rank: int, world: int) -> None:
+    """Restores process `rank`'s own states (ranks draw different noise and crops)."""
+    if len(plain) != world:
+        raise CheckpointError(f"the checkpoint holds the RNG states of {len(plain)} processes, {world} are running")
+    version, state, gauss = plain[rank]["python"]
     random.setstate((version, tuple(state), gauss))
-    name, keys, pos, has_gauss, cached = plain["numpy"]
+    name, keys, pos, has_gauss, cached = plain[rank]["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(tensors["torch_cpu"])
-    generator.set_state(tensors["train_generator"])
-    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("torch_cuda_")]
+    prefix = f"rank{rank}."
+    mine = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    torch.set_rng_state(mine["torch_cpu"])
+    generator.set_state(mine["train_generator"])
+    cuda = [mine[f"torch_cuda_{i}"] for i in range(sum(k.startswith("torch_cuda_") for k in mine))]
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda)
 

@@ -4,8 +4,11 @@ distribution; everything else visible here, top to bottom.
 Rank 0 alone writes checkpoints, logs and metrics. A run resumes from the newest of `latest`
 and the fallback folder's checkpoints whose run-determining config, dataset fingerprint and
 statistics match; an unfinished `latest` of another setup is refused, saying what differs.
-Resume is exact: the sampler's position, every RNG and the optimizer, schedule and EMA are
-restored, so a run killed and resumed ends with the same weights.
+Resume is exact: the sampler's position, every RNG of every process (each rank its own) and
+the optimizer, schedule and EMA are restored, so a run killed and resumed ends with the same
+weights. On CPU the weights are a function of the inputs, the params and `cpu_threads` (not of
+`num_workers` or machine load), on the same CPU type and torch build; GPU kernels are not
+bitwise reproducible.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from policypipe.atomic import MANIFEST, canonical_json, verify_folder, write_json_atomic
@@ -37,6 +41,7 @@ from policypipe.training.checkpoint import (
     TrainingState,
     capture_rng,
     load_checkpoint,
+    pack_rng,
     read_trainer,
     restore_rng,
     save_checkpoint,
@@ -60,7 +65,16 @@ class TrainConfig:
     weight_decay: float = 1e-6
     warmup_steps: int = 200
     grad_clip: float = 1.0
-    ema_decay: float = 0.999
+    # The EMA of the weights (what is evaluated and exported) follows the reference's power schedule
+    # (Chi et al.'s EMAModel, see `ema_decay`): after optimizer step n (0-based), with s = n - 1, it is
+    # 0 while s <= 0, then 1 - (1 + s / ema_inv_gamma) ** -ema_power clamped to [ema_min_decay, ema_max_decay].
+    ema_inv_gamma: float = 1.0
+    ema_power: float = 0.75
+    ema_min_decay: float = 0.0
+    ema_max_decay: float = 0.9999
+    # Intra-op threads of CPU work. On CPU the weights depend on it (a reduction split over more threads
+    # adds in another order), so it is pinned, not left to the machine's core count.
+    cpu_threads: int = 1
     mixed_precision: str = "no"  # "no" | "bf16"
     num_workers: int = 2
     val_every: int = 100
@@ -80,7 +94,7 @@ class TrainConfig:
         # Each value checked alone first, naming its range, so a bad one is reported as itself
         # (num_processes 0 would otherwise surface as a division by zero below).
         for name in ("steps", "batch_size", "grad_accum", "val_every", "val_batches", "checkpoint_every",
-                     "num_processes", "min_device_batch"):
+                     "num_processes", "min_device_batch", "cpu_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "keep_top_k", "num_workers"):  # keep_top_k 0: `latest` only
@@ -101,8 +115,12 @@ class TrainConfig:
             )
         if self.mixed_precision not in ("no", "bf16"):
             raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
-        if not 0 <= self.ema_decay < 1:
-            raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        for name in ("ema_inv_gamma", "ema_power"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
+        if not 0 <= self.ema_min_decay <= self.ema_max_decay < 1:
+            raise ValueError(f"ema_min_decay and ema_max_decay must satisfy 0 <= ema_min_decay <= ema_max_decay < 1, "
+                             f"got {self.ema_min_decay} and {self.ema_max_decay}")
 
     @property
     def window(self) -> WindowConfig:
@@ -189,12 +207,21 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
+def ema_decay(step: int, config: TrainConfig) -> float:
+    """The EMA decay of the update after optimizer step `step` (0-based): diffusion_policy's
+    `EMAModel.get_decay(step)` (Chi et al.; update_after_step 0). Small early, so the EMA is not
+    dominated by the random initialisation; the first two updates copy the weights."""
+    s = max(0, step - 1)
+    if s == 0:
+        return 0.0
+    value = 1 - (1 + s / config.ema_inv_gamma) ** -config.ema_power
+    return max(config.ema_min_decay, min(value, config.ema_max_decay))
+
+
 @torch.no_grad()
-def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float, step: int) -> None:
-    # Warm-up of the decay, so early EMA weights are not dominated by the random initialisation.
-    d = min(decay, (1 + step) / (10 + step))
+def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
     for e, p in zip(ema.parameters(), model.parameters()):
-        e.lerp_(p.detach(), 1 - d)
+        e.lerp_(p.detach(), 1 - decay)
     for e, b in zip(ema.buffers(), model.buffers()):
         e.copy_(b)
 
@@ -250,7 +277,8 @@ class TrainResult:
     oom_adjustments: list[str] = field(default_factory=list)
 
 
-# Out-of-memory errors this many steps into a (re)start are met by a smaller micro-batch.
+# Out-of-memory errors this many steps into a (re)start are met by a smaller micro-batch, on
+# every process at once (see _backward_agreeing_on_memory).
 OOM_WINDOW_STEPS = 3
 
 
@@ -279,13 +307,23 @@ def train(
     Out of memory in the first steps: the per-device batch is halved and the accumulation
     doubled (the batch per optimizer step is kept) down to `min_device_batch`, and the
     adjustment is recorded. `stop_after` ends the run early at that step with `latest` saved,
-    as an interruption would (the smoke check uses it).
+    as an interruption would (the smoke check uses it). CPU work runs on `config.cpu_threads`
+    threads; the process's own setting is restored on return.
     """
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(config.cpu_threads)
+    try:
+        return _train_backing_off(store=store, stats=stats, stats_sha256=stats_sha256, config=config,
+                                  run_dir=run_dir, log_step=log_step, stop_after=stop_after)
+    finally:
+        torch.set_num_threads(previous_threads)  # the caller's process setting, as it was
+
+
+def _train_backing_off(*, config: TrainConfig, **run) -> TrainResult:
     adjustments: list[str] = []
     while True:
         try:
-            result = _train_once(store=store, stats=stats, stats_sha256=stats_sha256, config=config,
-                                 run_dir=run_dir, log_step=log_step, stop_after=stop_after)
+            result = _train_once(config=config, **run)
             result.oom_adjustments = adjustments
             return result
         except _EarlyOutOfMemory as exc:
@@ -314,6 +352,7 @@ def _train_once(
     stop_after: int | None = None,
 ) -> TrainResult:
     from accelerate import Accelerator
+    from accelerate.utils import gather_object
 
     resume = _resume_point(Path(run_dir), config.fallback_dir,
                            RunIdentity(config.run_determining(), stats["dataset_fingerprint"]["sha256"], stats_sha256))
@@ -359,7 +398,7 @@ def _train_once(
         ema.load_state_dict(state.ema)
         optimizer.load_state_dict(state.optimizer)
         schedule.load_state_dict(state.trainer["lr_schedule"])
-        restore_rng(state.trainer["rng"], state.rng_tensors, generator)
+        restore_rng(state.trainer["rng"], state.rng_tensors, generator, accelerator.process_index, accelerator.num_processes)
         history = _History.from_json(state.trainer["history"])
         start_step = resumed_from = state.trainer["step"]
         log.info("resuming from %s at step %d", resume.folder, start_step)
@@ -391,20 +430,18 @@ def _train_once(
             batch = _to(next(batches), accelerator.device)
             wait_s += time.perf_counter() - t_wait
             with accelerator.accumulate(policy):
-                try:
+                if step < start_step + OOM_WINDOW_STEPS:
+                    loss = _backward_agreeing_on_memory(accelerator, policy, batch, generator)
+                else:
                     loss = policy(batch, generator)  # through the wrapper: DDP syncs gradients
                     accelerator.backward(loss)
-                except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
-                    if _is_out_of_memory(exc) and step < start_step + OOM_WINDOW_STEPS:
-                        raise _EarlyOutOfMemory() from exc
-                    raise
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(policy.parameters(), config.grad_clip)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             samples += len(batch["action"]) * accelerator.num_processes
         schedule.step()
-        ema_update(ema, accelerator.unwrap_model(policy), config.ema_decay, step)
+        ema_update(ema, accelerator.unwrap_model(policy), ema_decay(step, config))
         loss_value = accelerator.gather(loss.detach()[None]).mean().item()
         busy_s += time.perf_counter() - t0
         done = step + 1
@@ -419,9 +456,12 @@ def _train_once(
             history.val.append((done, record["val_loss"]))
         if is_main and log_step is not None:
             log_step(record)
+        if checkpointing:
+            # Every process's own RNG states (each draws its own noise and crops), collected on all.
+            rng_by_rank = gather_object([capture_rng(generator)])
         if is_main and checkpointing:
             trainer = _trainer_state(identity, done, schedule, history, config.steps) | {"grad_accum": config.grad_accum}
-            plain_rng, rng_tensors = capture_rng(generator)
+            plain_rng, rng_tensors = pack_rng(rng_by_rank)
             snapshot = TrainingState(
                 model=accelerator.unwrap_model(policy).state_dict(), ema=ema.state_dict(),
                 optimizer=optimizer.state_dict(), trainer=trainer | {"rng": plain_rng}, rng_tensors=rng_tensors,
@@ -440,6 +480,42 @@ def _train_once(
         last_train_loss=loss_value, samples_per_s=samples / max(busy_s, 1e-9),
         data_wait_fraction=wait_s / max(busy_s, 1e-9), checkpoint_warnings=warnings, policy=ema,
     )
+
+
+def _backward_agreeing_on_memory(accelerator, policy, batch: dict[str, torch.Tensor], generator: torch.Generator) -> torch.Tensor:
+    """Forward and backward of one micro-batch in the first steps of a (re)start, where running
+    out of memory means backing off: all processes back off together, or none does.
+
+    A process out of memory never reaches DDP's gradient all-reduce inside backward, and the
+    others would wait for it there forever. So here gradients stay local (no_sync), the processes
+    agree whether any ran out, and only then are the gradients averaged as DDP does (each divided
+    by the number of processes, then summed: the same bits as DDP's for 2 processes).
+    """
+    ran_out = None
+    try:
+        with accelerator.no_sync(policy):
+            loss = policy(batch, generator)
+            accelerator.backward(loss)
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+        if not _is_out_of_memory(exc):
+            raise
+        ran_out = exc
+    world = accelerator.num_processes
+    if world > 1:
+        flags = torch.zeros(world, device=accelerator.device)
+        flags[accelerator.process_index] = float(ran_out is not None)
+        dist.all_reduce(flags)
+        if ran_out is None and flags.any():
+            ranks = ", ".join(str(r) for r in flags.nonzero().flatten().tolist())
+            ran_out = RuntimeError(f"process {ranks} ran out of memory")
+    if ran_out is not None:
+        raise _EarlyOutOfMemory() from ran_out
+    if accelerator.sync_gradients and world > 1:
+        for p in policy.parameters():
+            if p.grad is not None:
+                p.grad.div_(world)
+                dist.all_reduce(p.grad)
+    return loss
 
 
 class _MicroBatches:

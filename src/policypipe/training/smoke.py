@@ -3,8 +3,9 @@
 It builds the model, trains a few steps on real batches, stops part-way with a checkpoint,
 restores it in a fresh process and continues, and checks that the resumed run continues
 seamlessly: the same step, learning rate and loss at every step, and the same final weights,
-as a run that was never interrupted. It reports peak memory and works in a scratch folder:
-no real run directory is touched.
+as a run that was never interrupted. On CPU "the same" is bitwise; on a GPU, whose kernels are
+not bitwise reproducible (atomic adds, split reductions), it is within the tolerances below. It
+reports peak memory and works in a scratch folder: no real run directory is touched.
 """
 
 from __future__ import annotations
@@ -26,12 +27,20 @@ from policypipe.config import from_mapping
 from policypipe.lineage.hashing import sha256_file
 from policypipe.training.loop import TrainConfig, train
 
+# On a GPU: learning rate and losses within this fraction of max(1, |value|) of the uninterrupted
+# run's, and each final EMA weight tensor within this fraction of its norm (|a - b| <= rtol |a|).
+# A resume that restores the wrong state changes the losses after it by far more; these bounds only
+# absorb kernel-order noise. Unmeasured on a real GPU so far: widen them if a sound setup fails.
+GPU_SCALAR_RTOL = 1e-4
+GPU_WEIGHT_RTOL = 1e-3
+
 
 @dataclass
 class SmokeReport:
     steps: int
     resumed_at: int
     problems: list[str]
+    comparison: str  # how "the same" was judged: bitwise (CPU) or within the GPU tolerances
     peak_rss_mb: float
     peak_gpu_mb: float | None
     seconds: float
@@ -62,6 +71,7 @@ def run_smoke(
     stats_sha = sha256_file(stats_path)
     resume_at = max(1, steps // 2)
     problems: list[str] = []
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     with tempfile.TemporaryDirectory(prefix="policypipe-smoke-", dir=workdir) as tmp:
@@ -85,18 +95,28 @@ def run_smoke(
         else:
             second_half = json.loads((tmp / "second_half.json").read_text())
         if not problems:
-            problems += _compare(reference, first_half + second_half, resume_at)
-            problems += _compare_weights(tmp / "straight", tmp / "resumed")
+            problems += compare_records(reference, first_half + second_half, resume_at, device)
+            problems += compare_weights(load_file(tmp / "straight" / "checkpoints" / "latest" / "ema.safetensors"),
+                                        load_file(tmp / "resumed" / "checkpoints" / "latest" / "ema.safetensors"), device)
     peak_gpu = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
     return SmokeReport(
         steps=steps, resumed_at=resume_at, problems=problems,
+        comparison="bitwise" if device == "cpu" else
+        f"within GPU tolerances (losses {GPU_SCALAR_RTOL:g}, weights {GPU_WEIGHT_RTOL:g} relative)",
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         peak_gpu_mb=peak_gpu, seconds=time.monotonic() - started,
     )
 
 
-def _compare(reference: list[dict], resumed: list[dict], resume_at: int) -> list[str]:
-    exact = not torch.cuda.is_available()  # GPU kernels are not bitwise reproducible
+def scalars_match(x: float | None, y: float | None, device: str) -> bool:
+    """Bitwise on CPU; within GPU_SCALAR_RTOL of max(1, |x|) on a GPU. Absent on one side: differ."""
+    if x is None or y is None:
+        return x is y
+    return x == y if device == "cpu" else abs(x - y) <= GPU_SCALAR_RTOL * max(1.0, abs(x))
+
+
+def compare_records(reference: list[dict], resumed: list[dict], resume_at: int, device: str) -> list[str]:
+    """The per-step records (step, lr, losses) of the resumed run against the uninterrupted one's."""
     want = [r["step"] for r in reference]
     got = [r["step"] for r in resumed]
     if got != want:
@@ -105,17 +125,20 @@ def _compare(reference: list[dict], resumed: list[dict], resume_at: int) -> list
         for key in ("lr", "train_loss", "val_loss"):
             if key not in a and key not in b:
                 continue
-            x, y = a.get(key), b.get(key)
-            same = x == y if exact else (x is not None and y is not None and abs(x - y) <= 1e-4 * max(1.0, abs(x)))
-            if not same:
-                return [f"step {a['step']}: {key} {y} after resuming at step {resume_at}, {x} without interruption"]
+            if not scalars_match(a.get(key), b.get(key), device):
+                return [f"step {a['step']}: {key} {b.get(key)} after resuming at step {resume_at}, {a.get(key)} without interruption"]
     return []
 
 
-def _compare_weights(straight: Path, resumed: Path) -> list[str]:
-    a = load_file(straight / "checkpoints" / "latest" / "ema.safetensors")
-    b = load_file(resumed / "checkpoints" / "latest" / "ema.safetensors")
-    differing = [k for k in a if k not in b or not torch.equal(a[k], b[k])]
+def compare_weights(straight: dict[str, torch.Tensor], resumed: dict[str, torch.Tensor], device: str) -> list[str]:
+    """Final weights: bitwise on CPU; on a GPU each tensor within GPU_WEIGHT_RTOL of its norm."""
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        if device == "cpu":
+            return torch.equal(a, b)
+        a, b = a.double(), b.double()
+        return a.shape == b.shape and bool((a - b).norm() <= GPU_WEIGHT_RTOL * a.norm())
+
+    differing = [k for k in straight if k not in resumed or not same(straight[k], resumed[k])]
     return [f"final EMA weights differ after resuming: {', '.join(differing[:3])}..."] if differing else []
 
 
