@@ -4,8 +4,8 @@ For every kept camera frame, the gripper pose and width at that frame's capture 
 interpolated (linear for position and width, spherical for orientation). Frames outside the
 span covered by pose and width are trimmed, never extrapolated. The pose and width samples
 themselves are kept too, over the kept frames' span plus the one sample on each side, so a
-target can be interpolated at any time of the episode (`interpolate_pose`, `interpolate_width`:
-the same functions for the frames here and for the policy's windows). Timestamps stay integer
+target can be interpolated at any time of the episode (`PoseInterpolator`, `interpolate_width`:
+the same code for the frames here and for the policy's windows). Timestamps stay integer
 nanoseconds until the final relative float64 seconds.
 """
 
@@ -255,18 +255,24 @@ def _resize(image: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
 # ---------------------------------------------------------------- pose and width
 
 
-def interpolate_pose(
-    x: np.ndarray, x_pose: np.ndarray, position: np.ndarray, rotations: Rotation
-) -> tuple[np.ndarray, Rotation]:
-    """The pose at times `x` (M,) from samples at strictly increasing times `x_pose` (P,) that
-    cover them: position (P, 3) linearly, orientation by spherical linear interpolation.
+class PoseInterpolator:
+    """The pose at any time from samples at strictly increasing times `x_pose` (P,): position
+    (P, 3) linearly, orientation (P rotations) by spherical linear interpolation.
 
     Times are float64 offsets from a reference near them (never absolute Unix ns, which float64
-    cannot hold). The one pose interpolator: convert uses it at each frame, the policy's
-    windows at any time of an episode.
+    cannot hold). The one pose interpolator: convert uses it at each frame, the policy's windows
+    at any time of an episode. Built once, it answers a few queries in O(log P).
     """
-    at = np.stack([np.interp(x, x_pose, position[:, k]) for k in range(3)], axis=1)
-    return at, Slerp(x_pose, rotations)(x)
+
+    def __init__(self, x_pose: np.ndarray, position: np.ndarray, rotations: Rotation) -> None:
+        self.x_pose = np.ascontiguousarray(x_pose, dtype=np.float64)
+        # Contiguous columns: np.interp copies a strided one on every call.
+        self.columns = [np.ascontiguousarray(position[:, k], dtype=np.float64) for k in range(3)]
+        self.slerp = Slerp(self.x_pose, rotations)
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, Rotation]:
+        """((M, 3) positions, M orientations) at times `x` (M,) within the samples' span."""
+        return np.stack([np.interp(x, self.x_pose, column) for column in self.columns], axis=1), self.slerp(x)
 
 
 def interpolate_width(x: np.ndarray, x_width: np.ndarray, width: np.ndarray) -> np.ndarray:
@@ -282,12 +288,10 @@ def nearest_sample(times: np.ndarray, query: np.ndarray) -> np.ndarray:
     return nearest
 
 
-def covering(times: np.ndarray, lo, hi) -> slice:
-    """The samples of `times` (sorted, at least 2) from the last one at or before `lo` to the
-    first one at or after `hi`: interpolation anywhere in [lo, hi] needs these and no others
-    (and at least two, which an interpolator is built from)."""
-    start = min(max(int(np.searchsorted(times, lo, side="right")) - 1, 0), len(times) - 2)
-    return slice(start, max(int(np.searchsorted(times, hi, side="left")) + 1, start + 2))
+def covering(times: np.ndarray, lo: int, hi: int) -> slice:
+    """The samples of sorted `times` from the last one at or before `lo` to the first one at or
+    after `hi`: interpolation anywhere in [lo, hi] needs these and no others."""
+    return slice(max(int(np.searchsorted(times, lo, side="right")) - 1, 0), int(np.searchsorted(times, hi, side="left")) + 1)
 
 
 def clean_pose_span(
@@ -420,7 +424,7 @@ def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
     # Interpolate on int64 offsets from a reference, so float64 keeps nanosecond precision.
     ref = pose_t[0]
     x_cam = (t_cam - ref).astype(np.float64)
-    eef_pos, rot = interpolate_pose(x_cam, (pose_t - ref).astype(np.float64), pos, Rotation.from_quat(quat))
+    eef_pos, rot = PoseInterpolator((pose_t - ref).astype(np.float64), pos, Rotation.from_quat(quat))(x_cam)
     grip = interpolate_width(x_cam, (width_t - ref).astype(np.float64), width)
     pose_kept, width_kept = covering(pose_t, t_cam[0], t_cam[-1]), covering(width_t, t_cam[0], t_cam[-1])
 
