@@ -72,6 +72,14 @@ def check_against_truth(root, start, end, record, plan, truth) -> None:
     frames = root[layout.RGB][start:end]
     shown = [read_timecode(f) for f in frames]
     assert shown == [timecode_value(t) for t in t_ns]
+    # The recorded samples covering the frames, on the same clock as the frames.
+    e = [r["stem"] for r in root.attrs[layout.ATTRS_EPISODES]].index(record["stem"])
+    for times_key, ends_key, recorded in ((layout.POSE_TIMESTAMP, layout.POSE_EPISODE_ENDS, truth.pose_ns),
+                                          (layout.WIDTH_TIMESTAMP, layout.WIDTH_EPISODE_ENDS, truth.width_ns)):
+        ends = root[ends_key][:]
+        sample_ns = record["start_ns"] + np.round(root[times_key][(ends[e - 1] if e else 0) : ends[e]] * 1e9).astype(np.int64)
+        assert sample_ns[0] <= t_ns[0] < sample_ns[1] and sample_ns[-2] < t_ns[-1] <= sample_ns[-1]
+        assert set(sample_ns.tolist()) <= set(recorded.tolist())
 
 
 @pytest.mark.parametrize(

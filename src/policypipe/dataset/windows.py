@@ -102,7 +102,7 @@ class EpisodeStreams:
     `EPISODE_GAP_S` apart: one sorted axis for the whole dataset, on which a block of anchors
     from many episodes is interpolated in one vectorised call, and a clamped time of one episode
     never reaches another's samples. Arrays are float64 and held in memory, with the pose
-    interpolator built once (~60 MB per hour of recording at 200 Hz), so one sample costs
+    interpolator built once (~70 MB per hour of recording at 200 Hz), so one sample costs
     a few binary searches.
     """
 
@@ -130,6 +130,7 @@ class EpisodeStreams:
             raise ValueError("the frame, pose and width streams have different episode counts")
         starts = np.minimum.reduce([frame_time[self.first], pose_time[p_first], width_time[w_first]])
         stops = np.maximum.reduce([frame_time[self.last], pose_time[p_last], width_time[w_last]])
+        # float64 keeps 0.1 ns resolution on an axis as long as 100 hours of episodes.
         shift = np.concatenate([[0.0], np.cumsum(stops - starts + EPISODE_GAP_S)[:-1]]) - starts  # (E,)
         self.frame_episode = np.repeat(np.arange(len(shift)), self.last - self.first + 1)
         self.frame_time = np.asarray(frame_time, np.float64) + shift[self.frame_episode]

@@ -80,6 +80,12 @@ class Episode:
     eef_rot_axis_angle: np.ndarray  # float32 (N, 3)
     gripper_width: np.ndarray  # float32 (N, 1)
     capture_ns: np.ndarray  # int64 (N,), absolute capture time of each kept frame
+    # The recorded pose and width samples covering the kept frames (see `covering`).
+    pose_ns: np.ndarray  # int64 (P,)
+    pose_position: np.ndarray  # float64 (P, 3)
+    pose_rot_axis_angle: np.ndarray  # float64 (P, 3)
+    width_ns: np.ndarray  # int64 (W,)
+    width_values: np.ndarray  # float64 (W,)
     frames_in: int  # camera messages read (lost ones are not among them)
     dropped: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -88,12 +94,6 @@ class Episode:
     lost_messages: dict[str, int] = field(default_factory=dict)
     # Why reading stopped before the end of a file without an index to skip damage, or None.
     read_stopped: str | None = None
-    # The recorded pose and width samples covering the kept frames (see `covering`).
-    pose_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # int64 (P,)
-    pose_position: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))  # float64 (P, 3)
-    pose_rot_axis_angle: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))  # float64 (P, 3)
-    width_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # int64 (W,)
-    width_values: np.ndarray = field(default_factory=lambda: np.zeros(0))  # float64 (W,)
     # With convert.resample_hz: |capture time - grid time| of the frame chosen for each grid time.
     resample_offset_ns: np.ndarray | None = None
 
