@@ -1,12 +1,11 @@
 """Normalization statistics of the training episodes, computed over the zarr arrays.
 
 Low-dimensional statistics are computed in the representation the policy uses (relative
-poses over the observation and action windows of `windows.py`, on the time axis, over the
+poses over the observation and action windows of `windows.py`, on the time axis, at the
 anchors training samples), vectorised over blocks of anchor frames: never a per-sample loop,
-never an image decoded. Two passes over the blocks:
-the first gathers count, mean and variance (Chan's parallel merge, float64), min and max; the
-second fills a fine histogram between min and max, from which q01 and q99 are read. A quantile
-is therefore within one bin, (max - min) / `quantile_bins`, of the two order statistics that
+never an image decoded. Two passes over the blocks: the first gathers count, mean and
+variance (Chan's parallel merge, float64), min and max; the second fills a fine histogram
+between min and max, from which q01 and q99 are read. A quantile is therefore within one bin, (max - min) / `quantile_bins`, of the two order statistics that
 bracket it: on dense data, within one bin of the exact value.
 
 Images: per-channel mean and std over an evenly spaced sample of training frames.
