@@ -5,8 +5,9 @@ poses over the observation and action windows of `windows.py`, on the time axis,
 anchors training samples), vectorised over blocks of anchor frames: never a per-sample loop,
 never an image decoded. Two passes over the blocks: the first gathers count, mean and
 variance (Chan's parallel merge, float64), min and max; the second fills a fine histogram
-between min and max, from which q01 and q99 are read. A quantile is therefore within one bin, (max - min) / `quantile_bins`, of the two order statistics that
-bracket it: on dense data, within one bin of the exact value.
+between min and max, from which q01 and q99 are read. A quantile is therefore within one
+bin, (max - min) / `quantile_bins`, of the two order statistics that bracket it: on dense
+data, within one bin of the exact value.
 
 Images: per-channel mean and std over an evenly spaced sample of training frames.
 """
