@@ -16,7 +16,7 @@ from policypipe.dataset import layout
 from policypipe.dataset.frame_shards import FrameShardWriter, create_frames_array
 from policypipe.dataset.image_codec import encode_jpeg
 from policypipe.dataset.stats import StatsConfig, compute_statistics
-from policypipe.dataset.windows import WindowConfig, actions, episode_bounds, observations
+from policypipe.dataset.windows import EpisodeStreams, WindowConfig
 
 
 def generate_store(path: Path, frames: int, episode_len: int, image_size=(48, 48)) -> zarr.Group:
@@ -29,8 +29,15 @@ def generate_store(path: Path, frames: int, episode_len: int, image_size=(48, 48
     root = zarr.open_group(path, mode="w", zarr_format=3)
     for key, data in ((layout.EEF_POS, pos), (layout.EEF_ROT, rotvec), (layout.GRIPPER_WIDTH, width)):
         root.create_array(key, data=data, chunks=(layout.LOWDIM_CHUNK, data.shape[1]))
-    root.create_array(layout.TIMESTAMP, data=np.tile(np.arange(episode_len) / 30.0, len(ends)), chunks=(layout.LOWDIM_CHUNK,))
+    stamps = np.tile(np.arange(episode_len) / 30.0, len(ends))
+    root.create_array(layout.TIMESTAMP, data=stamps, chunks=(layout.LOWDIM_CHUNK,))
     root.create_array(layout.EPISODE_ENDS, data=ends, chunks=(len(ends),))
+    # The recorded streams: here the frames' own values at their times (timing, not rate, is measured).
+    for key, data in ((layout.POSE_TIMESTAMP, stamps), (layout.WIDTH_TIMESTAMP, stamps), (layout.POSE_POS, pos),
+                      (layout.POSE_ROT, rotvec), (layout.WIDTH, width)):
+        root.create_array(key, data=data.astype(np.float64), chunks=(layout.LOWDIM_CHUNK, *data.shape[1:]))
+    for key in (layout.POSE_EPISODE_ENDS, layout.WIDTH_EPISODE_ENDS):
+        root.create_array(key, data=ends, chunks=(len(ends),))
     # The image array as convert writes it (JPEG frames in shards of 100); 100 distinct frames repeat.
     w, h = image_size
     y, x = np.mgrid[0:h, 0:w]
@@ -39,23 +46,18 @@ def generate_store(path: Path, frames: int, episode_len: int, image_size=(48, 48
     for _ in range(frames // 100):
         writer.append(shard)
     writer.close()
-    root.attrs.update({layout.ATTRS_EPISODES: [{"stem": f"e{i}"} for i in range(len(ends))], layout.ATTRS_FREQUENCY: 30.0})
+    root.attrs.update({layout.ATTRS_EPISODES: [{"stem": f"e{i}"} for i in range(len(ends))], layout.ATTRS_FREQUENCY: 30.0,
+                       layout.ATTRS_FORMAT: layout.FORMAT_VERSION})
     return root
 
 
 def numpy_one_shot(root: zarr.Group, train: list[int], window: WindowConfig) -> dict:
     """Everything in memory at once, numpy reductions over the full sample arrays."""
-    pos = root[layout.EEF_POS][:].astype(np.float64)
-    rotvec = root[layout.EEF_ROT][:].astype(np.float64)
-    width = root[layout.GRIPPER_WIDTH][:, 0].astype(np.float64)
-    first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
-    lengths = last - first + 1
-    anchors = np.concatenate([np.arange(first[e], last[e] + 1) for e in train])
-    owner = np.repeat(np.asarray(train), lengths[train])
+    streams = EpisodeStreams.from_store(root)
+    w = streams.windows(streams.anchors(train, window)[0], window)
     out = {}
-    act = actions(pos, rotvec, width, anchors, first[owner], last[owner], window).reshape(-1, 10)
-    obs_pose, obs_width = observations(pos, rotvec, width, anchors, first[owner], last[owner], window)
-    for name, x in (("action", act), ("obs.eef_pose_rel", obs_pose.reshape(-1, 9)), ("obs.gripper_width", obs_width.reshape(-1, 1))):
+    for name, x in (("action", w.action.reshape(-1, 10)), ("obs.eef_pose_rel", w.obs_pose.reshape(-1, 9)),
+                    ("obs.gripper_width", w.obs_width.reshape(-1, 1))):
         out[name] = (x.mean(0), x.std(0), x.min(0), x.max(0), np.quantile(x, [0.01, 0.99], axis=0))
     return out
 

@@ -72,6 +72,14 @@ def check_against_truth(root, start, end, record, plan, truth) -> None:
     frames = root[layout.RGB][start:end]
     shown = [read_timecode(f) for f in frames]
     assert shown == [timecode_value(t) for t in t_ns]
+    # The recorded samples covering the frames, on the same clock as the frames.
+    e = [r["stem"] for r in root.attrs[layout.ATTRS_EPISODES]].index(record["stem"])
+    for times_key, ends_key, recorded in ((layout.POSE_TIMESTAMP, layout.POSE_EPISODE_ENDS, truth.pose_ns),
+                                          (layout.WIDTH_TIMESTAMP, layout.WIDTH_EPISODE_ENDS, truth.width_ns)):
+        ends = root[ends_key][:]
+        sample_ns = record["start_ns"] + np.round(root[times_key][(ends[e - 1] if e else 0) : ends[e]] * 1e9).astype(np.int64)
+        assert sample_ns[0] <= t_ns[0] < sample_ns[1] and sample_ns[-2] < t_ns[-1] <= sample_ns[-1]
+        assert set(sample_ns.tolist()) <= set(recorded.tolist())
 
 
 @pytest.mark.parametrize(
@@ -181,20 +189,28 @@ def test_unexpected_schema_on_a_topic_names_it_and_what_was_expected(tmp_path: P
 def test_a_recording_at_another_rate_fails_before_writing_unless_resampled(tmp_path: Path) -> None:
     export = tmp_path / "export"
     export.mkdir()
-    add_recording(export, "a", 3)
-    add_recording(export, "b", 4)
-    add_recording(export, "c_15hz", 5, timing=StreamTiming(camera_hz=15.0))
+    recordings = [add_recording(export, "a", 3), add_recording(export, "b", 4)]
+    recordings.append(add_recording(export, "c_15hz", 5, timing=StreamTiming(camera_hz=15.0, camera_drop_fraction=0.2)))
 
     with pytest.raises(DatasetError, match=r"c_15hz \(15\.\d+ Hz\).*convert.resample_hz"):
         convert(export, tmp_path / "ds.zarr")
     assert not (tmp_path / "ds.zarr").exists()
 
-    convert(export, tmp_path / "ds.zarr", replace(CONFIG, resample_hz=10.0))
-    root, _ = episodes(tmp_path / "ds.zarr")
-    stamps = root[layout.TIMESTAMP][:]
-    steps = np.diff(stamps)
-    assert np.allclose(steps[steps > 0], 0.1)
+    result = convert(export, tmp_path / "ds.zarr", replace(CONFIG, resample_hz=10.0))
+    root, spans = episodes(tmp_path / "ds.zarr")
     assert root.attrs[layout.ATTRS_FREQUENCY] == 10.0
+    for record, (start, end), (plan, truth) in zip(root.attrs[layout.ATTRS_EPISODES], spans, recordings):
+        # Each image with the pose and width of its own capture time, which is its timestamp.
+        check_against_truth(root, start, end, record, plan, truth)
+        # The frames nearest a 10 Hz grid from the first kept frame, each once; how far from the
+        # grid they are is reported (a 15 Hz camera with drops: up to ~1.5 of its frame periods).
+        t_ns = record["start_ns"] + np.round(root[layout.TIMESTAMP][start:end] * 1e9).astype(np.int64)
+        recorded = truth.camera_ns[(truth.camera_ns >= t_ns[0]) & (truth.camera_ns <= t_ns[-1])]
+        grid = np.arange(t_ns[0], t_ns[-1] + 1, 100_000_000)
+        nearest = recorded[np.abs(recorded[:, None] - grid[None]).argmin(axis=0)]
+        assert t_ns.tolist() == np.unique(nearest).tolist()
+        assert np.abs(nearest - grid).max() / 1e6 <= record["resample_offset_ms"]["max"] + 1e-3 < 100
+    assert result.metrics()["resample_offset_ms_max"] == max(r["resample_offset_ms"]["max"] for r in root.attrs[layout.ATTRS_EPISODES]) > 10
 
 
 def test_output_is_byte_identical_with_one_or_two_workers_and_opens_with_plain_zarr(tmp_path: Path) -> None:

@@ -34,10 +34,14 @@ def test_same_content_same_fingerprint_whatever_the_layout(store: Path, tmp_path
     original = fingerprint(store)
     assert fingerprint(tmp_path / "copy.zarr") == original
     assert fingerprint(tmp_path / "rechunked.zarr") == original
-    assert set(original.arrays) == {layout.RGB, layout.EEF_POS, layout.EEF_ROT, layout.GRIPPER_WIDTH, layout.TIMESTAMP, layout.EPISODE_ENDS}
+    assert set(original.arrays) == {
+        layout.RGB, layout.EEF_POS, layout.EEF_ROT, layout.GRIPPER_WIDTH, layout.TIMESTAMP, layout.EPISODE_ENDS,
+        layout.POSE_TIMESTAMP, layout.POSE_POS, layout.POSE_ROT, layout.WIDTH_TIMESTAMP, layout.WIDTH,
+        layout.POSE_EPISODE_ENDS, layout.WIDTH_EPISODE_ENDS,
+    }
 
 
-@pytest.mark.parametrize("key", [layout.EEF_POS, layout.TIMESTAMP, layout.RGB, "attrs"])
+@pytest.mark.parametrize("key", [layout.EEF_POS, layout.TIMESTAMP, layout.RGB, layout.POSE_TIMESTAMP, layout.WIDTH, "attrs"])
 def test_any_changed_value_changes_it(store: Path, key: str) -> None:
     before = fingerprint(store)
     root = zarr.open_group(store, mode="r+")

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from scipy.spatial.transform import Rotation
+from scipy.spatial.transform import Rotation, Slerp
 
 from policypipe.atomic import canonical_json
 from policypipe.dataset import layout
@@ -16,38 +16,59 @@ from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.dataset.windows import WindowConfig
 from tests.dataset.conftest import make_store
 
-WINDOW = WindowConfig(n_obs_steps=2, horizon=6, n_action_steps=3)
+WINDOW = WindowConfig(n_obs_steps=3, horizon=6, n_action_steps=3)
 CONFIG = StatsConfig(seed=3, val_fraction=0.3, block_frames=17, quantile_bins=4096)  # blocks split episodes
 
 
+@pytest.fixture
+def gappy_store(tmp_path: Path) -> Path:
+    """Like `store`, with a quarter of the camera's frames missing."""
+    make_store(tmp_path / "gappy.zarr", drop_fraction=0.25)
+    return tmp_path / "gappy.zarr"
+
+
 def reference_samples(root: zarr.Group, episodes: list[int]) -> dict[str, np.ndarray]:
-    """Per-sample loop, written independently of the library: clip indices to the episode."""
-    pos = root[layout.EEF_POS][:].astype(np.float64)
-    rot = Rotation.from_rotvec(root[layout.EEF_ROT][:].astype(np.float64)).as_matrix()
-    width = root[layout.GRIPPER_WIDTH][:, 0].astype(np.float64)
-    ends = root[layout.EPISODE_ENDS][:]
-    starts = np.concatenate([[0], ends[:-1]])
+    """Per-sample loop, written independently of the library: each episode's recorded streams
+    interpolated at anchor time + k / f, times clamped to the episode's frames, anchors with more
+    than n_action_steps - 1 steps past the last frame left out."""
+    f = root.attrs[layout.ATTRS_FREQUENCY]
+    stamps = root[layout.TIMESTAMP][:]
+    pose_t, width_t = root[layout.POSE_TIMESTAMP][:], root[layout.WIDTH_TIMESTAMP][:]
+    pose_pos, pose_rot, width = root[layout.POSE_POS][:], root[layout.POSE_ROT][:], root[layout.WIDTH][:, 0]
+    bounds = [np.concatenate([[0], root[key][:]]) for key in (layout.EPISODE_ENDS, layout.POSE_EPISODE_ENDS, layout.WIDTH_EPISODE_ENDS)]
     out = {"action": [], "obs.eef_pose_rel": [], "obs.gripper_width": []}
-
-    def rel(t, j):
-        r = rot[t].T @ rot[j]
-        return np.concatenate([rot[t].T @ (pos[j] - pos[t]), r[:, 0], r[:, 1]])
-
     for e in episodes:
-        first, last = starts[e], ends[e] - 1
-        for t in range(first, last + 1):
-            for k in range(WINDOW.horizon):
-                j = min(t + k, last)
-                out["action"].append(np.concatenate([rel(t, j), [width[j]]]))
+        (f0, f1), (p0, p1), (w0, w1) = ((b[e], b[e + 1]) for b in bounds)
+        frames = stamps[f0:f1]
+        slerp = Slerp(pose_t[p0:p1], Rotation.from_rotvec(pose_rot[p0:p1]))
+
+        def pose(t):
+            p = np.array([np.interp(t, pose_t[p0:p1], pose_pos[p0:p1, k]) for k in range(3)])
+            return p, slerp([t]).as_matrix()[0]
+
+        def rel(anchor, t):
+            (pa, ra), (p, r) = pose(anchor), pose(t)
+            m = ra.T @ r
+            return np.concatenate([ra.T @ (p - pa), m[:, 0], m[:, 1]])
+
+        def at(t):
+            return min(max(t, frames[0]), frames[-1])
+
+        for t in frames:
+            future = [t + (k + 1) / f for k in range(WINDOW.horizon)]
+            if sum(s > frames[-1] + 1e-9 for s in future) > WINDOW.n_action_steps - 1:
+                continue
+            for s in future:
+                out["action"].append(np.concatenate([rel(t, at(s)), [np.interp(at(s), width_t[w0:w1], width[w0:w1])]]))
             for k in range(WINDOW.n_obs_steps - 1, -1, -1):
-                j = max(t - k, first)
-                out["obs.eef_pose_rel"].append(rel(t, j))
-                out["obs.gripper_width"].append([width[j]])
+                s = at(t - k / f)
+                out["obs.eef_pose_rel"].append(rel(t, s))
+                out["obs.gripper_width"].append([np.interp(s, width_t[w0:w1], width[w0:w1])])
     return {k: np.asarray(v) for k, v in out.items()}
 
 
-def test_lowdim_statistics_equal_a_numpy_reference_over_training_episodes(store: Path) -> None:
-    root = zarr.open_group(store, mode="r")
+def test_lowdim_statistics_equal_a_numpy_reference_over_training_episodes(gappy_store: Path) -> None:
+    root = zarr.open_group(gappy_store, mode="r")
     stats = compute_statistics(root, WINDOW, CONFIG)
     train = stats["split"]["train"]
     reference = reference_samples(root, train)
@@ -70,22 +91,36 @@ def test_lowdim_statistics_equal_a_numpy_reference_over_training_episodes(store:
             assert np.all((estimate >= lo - bin_width) & (estimate <= hi + bin_width)), key
 
 
-def test_action_windows_stop_at_the_episode_end(store: Path) -> None:
-    root = zarr.open_group(store, mode="r")
-    samples = reference_samples(root, [0])["action"].reshape(-1, WINDOW.horizon, 10)
-    last_anchor = samples[-1]
-    assert np.allclose(last_anchor, last_anchor[0])  # the last frame, repeated: nothing from episode 1
-    assert np.allclose(last_anchor[0, :3], 0) and np.allclose(last_anchor[0, 3:9], [1, 0, 0, 0, 1, 0])
+def test_observation_image_offsets_are_reported_per_step(gappy_store: Path) -> None:
+    root = zarr.open_group(gappy_store, mode="r")
+    stats = compute_statistics(root, WINDOW, CONFIG)
+    stamps, f = root[layout.TIMESTAMP][:], root.attrs[layout.ATTRS_FREQUENCY]
+    ends = root[layout.EPISODE_ENDS][:]
+    offsets, anchors = [], 0
+    for e in stats["split"]["train"]:
+        frames = stamps[(ends[e - 1] if e else 0) : ends[e]]
+        for t in frames[frames + (WINDOW.horizon - WINDOW.n_action_steps + 1) / f <= frames[-1] + 1e-9]:
+            anchors += 1
+            wanted = np.clip(t - np.arange(WINDOW.n_obs_steps - 1, -1, -1) / f, frames[0], frames[-1])
+            offsets.append(np.abs(frames[:, None] - wanted[None]).min(axis=0))
+    offsets_ms = 1000 * np.asarray(offsets)
+    report = stats["observation_image_offset_ms"]
+    assert report["anchors"] == anchors
+    np.testing.assert_allclose(report["mean"], offsets_ms.mean(axis=0), atol=1e-3)
+    np.testing.assert_allclose(report["max"], offsets_ms.max(axis=0), atol=1e-3)
+    # The anchor's own image is its own frame; older ones fall into the gaps dropped frames leave.
+    assert report["max"][-1] == 0 and report["max"][0] > 10
 
 
 def test_only_training_episodes_count(store: Path) -> None:
     root = zarr.open_group(store, mode="r+")
     before = compute_statistics(root, WINDOW, CONFIG)
-    ends = root[layout.EPISODE_ENDS][:]
-    starts = np.concatenate([[0], ends[:-1]])
     for e in before["split"]["val"]:
-        root[layout.EEF_POS][starts[e] : ends[e]] = 5.0  # garbage where only validation reads
-        root[layout.RGB][starts[e] : ends[e]] = 255
+        # Garbage wherever only validation reads: its frames, pose and width samples.
+        for key, ends_key in ((layout.RGB, layout.EPISODE_ENDS), (layout.EEF_POS, layout.EPISODE_ENDS),
+                              (layout.POSE_POS, layout.POSE_EPISODE_ENDS), (layout.WIDTH, layout.WIDTH_EPISODE_ENDS)):
+            ends = root[ends_key][:]
+            root[key][(ends[e - 1] if e else 0) : ends[e]] = 255 if key == layout.RGB else 5.0
     after = compute_statistics(root, WINDOW, CONFIG)
     assert canonical_json(after) == canonical_json(before)
 

@@ -5,7 +5,7 @@ import pytest
 from scipy.linalg import expm
 from scipy.spatial.transform import Rotation
 
-from policypipe.dataset.windows import WindowConfig, actions, rot6d
+from policypipe.dataset.windows import EpisodeStreams, WindowConfig, rot6d
 from policypipe.evaluation.errors import (
     bootstrap_mean_ci,
     chunk_errors,
@@ -33,10 +33,16 @@ def straight_line(n=60, speed=0.2, dt=1 / 30):
     return pos, rotvec, width
 
 
+def recorded_actions(pos, rotvec, width, anchors, dt=1 / 30) -> np.ndarray:
+    """(N, H, 10) recorded chunks at `anchors` of one episode whose frames and samples are at k * dt."""
+    t, ends = np.arange(len(pos)) * dt, np.array([len(pos)])
+    return EpisodeStreams(1 / dt, t, ends, t, pos, rotvec, ends, t, width, ends).windows(anchors, WINDOW).action
+
+
 def test_a_policy_that_predicts_the_recorded_future_has_zero_error() -> None:
     pos, rotvec, width = straight_line()
     anchors = np.arange(0, 40, 5)
-    recorded = actions(pos, rotvec, width, anchors, np.zeros_like(anchors), np.full_like(anchors, 59), WINDOW)
+    recorded = recorded_actions(pos, rotvec, width, anchors)
     errors = chunk_errors(recorded, recorded)
     for name, e in errors.items():
         assert np.allclose(e, 0, atol=1e-6), name
@@ -48,14 +54,14 @@ def test_hold_still_error_on_a_straight_line_equals_its_analytic_value() -> None
     speed, dt = 0.2, 1 / 30
     pos, rotvec, width = straight_line(speed=speed, dt=dt)
     anchors = np.arange(0, 40, 5)  # far from the end: no padding in the window
-    recorded = actions(pos, rotvec, width, anchors, np.zeros_like(anchors), np.full_like(anchors, 59), WINDOW)
+    recorded = recorded_actions(pos, rotvec, width, anchors, dt)
     errors = chunk_errors(hold_still(width[anchors], WINDOW.horizon), recorded)
-    # Step h of the chunk is h frames ahead: the gripper is h * speed * dt away, the same turn, same width.
-    analytic = 1000 * speed * dt * np.arange(WINDOW.horizon)
+    # Step h of the chunk is h + 1 periods ahead: the gripper is (h + 1) * speed * dt away, the same turn, same width.
+    analytic = 1000 * speed * dt * (np.arange(WINDOW.horizon) + 1)
     assert np.allclose(errors["position_mm"], analytic[None], atol=1e-9)
     assert np.allclose(errors["rotation_deg"], 0, atol=1e-6) and np.allclose(errors["width_mm"], 0)
     executed = summarize(errors["position_mm"], WINDOW.n_action_steps)["executed"]["mean"]
-    assert executed == pytest.approx(1000 * speed * dt * np.mean(np.arange(WINDOW.n_action_steps)))
+    assert executed == pytest.approx(1000 * speed * dt * np.mean(np.arange(WINDOW.n_action_steps) + 1))
 
 
 def test_rotation_error_is_the_geodesic_angle() -> None:

@@ -6,6 +6,7 @@ import tracemalloc
 import types
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 
 import av
 import cv2
@@ -67,6 +68,20 @@ def test_pose_and_width_are_interpolated_at_each_camera_capture_time() -> None:
     assert np.abs(ep.gripper_width[:, 0] - (0.08 - 0.02 * t_s)).max() < 1e-6
     assert measured_frequency(ep.capture_ns) == pytest.approx(30.0, rel=0.005)
     assert ep.rgb.shape == (len(ep.capture_ns), 24, 32, 3) and ep.rgb.dtype == np.uint8
+
+
+def test_the_recorded_samples_covering_the_kept_frames_are_kept() -> None:
+    streams = make_streams()
+    ep = build_episode(streams, CONFIG)
+    for kept, recorded in ((ep.pose_ns, streams.pose_ns), (ep.width_ns, streams.width_ns)):
+        # From the last sample at or before the first frame to the first at or after the last one.
+        assert kept[0] <= ep.capture_ns[0] < kept[1] and kept[-2] < ep.capture_ns[-1] <= kept[-1]
+        start = int(np.searchsorted(recorded, kept[0]))
+        assert np.array_equal(recorded[start : start + len(kept)], kept)  # every sample in between
+    t_s = (ep.pose_ns - T0) / 1e9
+    np.testing.assert_allclose(ep.pose_position, truth_position(t_s), atol=1e-12)
+    assert (truth_rotation(t_s).inv() * Rotation.from_rotvec(ep.pose_rot_axis_angle)).magnitude().max() < 1e-9
+    np.testing.assert_allclose(ep.width_values, 0.08 - 0.02 * (ep.width_ns - T0) / 1e9, atol=1e-12)
 
 
 def test_frames_outside_pose_span_are_trimmed_never_extrapolated() -> None:
@@ -155,6 +170,20 @@ def test_resampling_puts_every_episode_on_one_grid() -> None:
     assert set(np.diff(ep.capture_ns)) == {100_000_000}
     t_s = (ep.capture_ns - T0) / 1e9
     assert np.abs(ep.eef_pos - truth_position(t_s)).max() < 1e-4
+
+
+def test_resampling_keeps_each_frame_with_the_pose_of_its_own_capture_time() -> None:
+    # A camera 7 ms off the 10 Hz grid: the nearest frames are kept at their capture times.
+    streams = make_streams()
+    streams = replace(streams, camera_ns=streams.camera_ns + np.where(np.arange(len(streams.camera_ns)) % 2, 7_000_000, 0))
+    ep = build_episode(streams, ConvertConfig(image_size=(32, 24), min_frames=5, resample_hz=10.0))
+    assert set(ep.capture_ns.tolist()) <= set(streams.camera_ns.tolist())  # real capture times, not grid times
+    brightness = ep.rgb[:, 0, 0, 0].astype(int)
+    index = np.searchsorted(streams.camera_ns, ep.capture_ns)
+    assert np.all(np.abs(brightness - 8 * (index % 30)) <= 2)  # the image of that very frame
+    t_s = (ep.capture_ns - T0) / 1e9
+    assert np.abs(ep.eef_pos - truth_position(t_s)).max() < 1e-4
+    assert ep.resample_offset_ns.max() == 7_000_000
 
 
 # ---------------------------------------------------------------- damaged and large camera frames

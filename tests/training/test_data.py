@@ -17,7 +17,9 @@ WINDOW = WindowConfig(n_obs_steps=2, horizon=6, n_action_steps=3)
 def test_samples_cover_only_the_chosen_episodes_with_edge_padding(tmp_path: Path) -> None:
     root = make_store(tmp_path / "ds.zarr", lengths=(10, 12, 9))
     ds = WindowDataset(tmp_path / "ds.zarr", [0, 2], WINDOW)
-    assert len(ds) == 10 + 9
+    # An anchor needs horizon - n_action_steps + 1 = 4 of its steps inside the episode: frames
+    # 0..5 of episode 0 (frames 0..9), 0..4 of episode 2 (frames 22..30).
+    assert ds.anchors.tolist() == [*range(0, 6), *range(22, 27)]
 
     first = ds[0]  # episode 0's first frame: the past is padded with itself
     assert first["obs_images"].shape == (2, 12, 16, 3) and first["obs_images"].dtype == torch.uint8
@@ -25,11 +27,12 @@ def test_samples_cover_only_the_chosen_episodes_with_edge_padding(tmp_path: Path
     assert torch.allclose(first["obs_pose"][0], first["obs_pose"][1])
     assert first["action"].shape == (6, 10) and first["obs_pose"].shape == (2, 9) and first["obs_width"].shape == (2, 1)
 
-    last_of_ep0 = ds[9]  # the future is padded with episode 0's last frame, never episode 1
-    assert torch.allclose(last_of_ep0["action"], last_of_ep0["action"][0].expand(6, 10))
+    last_of_ep0 = ds[5]  # steps 0..3 reach frames 6..9; 4 and 5 are padded with frame 9, never episode 1
+    assert torch.allclose(last_of_ep0["action"][3:], last_of_ep0["action"][3].expand(3, 10))
+    assert not torch.allclose(last_of_ep0["action"][2], last_of_ep0["action"][3])
     width = root[layout.GRIPPER_WIDTH][:, 0]
-    assert torch.allclose(last_of_ep0["action"][:, 9], torch.tensor(width[9]).float())
-    assert np.array_equal(ds[10]["obs_images"][1].numpy(), root[layout.RGB][22])  # episode 2 starts at frame 22
+    assert torch.allclose(last_of_ep0["action"][3:, 9], torch.tensor(width[9]).float(), atol=1e-4)
+    assert np.array_equal(ds[6]["obs_images"][1].numpy(), root[layout.RGB][22])  # episode 2 starts at frame 22
 
 
 def test_loads_in_worker_processes(tmp_path: Path) -> None:

@@ -176,6 +176,8 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
         record |= {
             "start_ns": int(episode.capture_ns[0]),
             "frames": len(episode.capture_ns),
+            "pose_samples": len(episode.pose_ns),
+            "width_samples": len(episode.width_ns),
             "frames_in": episode.frames_in,
             "dropped": episode.dropped,
             "frequency_hz": round(episode.frequency_hz, 6),
@@ -184,6 +186,7 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
             "lost_messages": episode.lost_messages,
             # Why reading stopped before the file's end (no index to skip the damage), or None.
             "read_stopped": episode.read_stopped,
+            "resample_offset_ms": _offset_summary_ms(episode.resample_offset_ns),
             "warnings": episode.warnings,
         }
     # The record is written last: its presence means the entry is complete. It is returned as
@@ -191,6 +194,13 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
     blob = canonical_json(record)
     _write_cache_file(record_path, blob, frames=record.get("frames", 0))
     return json.loads(blob)
+
+
+def _offset_summary_ms(offset_ns: np.ndarray | None) -> dict[str, float] | None:
+    """How far from the resampling grid the chosen frames are (None: not resampled)."""
+    if offset_ns is None:
+        return None
+    return {"mean": round(float(offset_ns.mean()) / 1e6, 3), "max": round(float(offset_ns.max()) / 1e6, 3)}
 
 
 def _record_of(rec: RecordingInput, key: str) -> dict[str, Any]:
@@ -251,6 +261,11 @@ def _save_arrays(path: Path, episode: Episode, jpeg_quality: int) -> None:
                 eef_rot=episode.eef_rot_axis_angle,
                 width=episode.gripper_width,
                 capture_ns=episode.capture_ns,
+                pose_ns=episode.pose_ns,
+                pose_position=episode.pose_position,
+                pose_rot=episode.pose_rot_axis_angle,
+                width_ns=episode.width_ns,
+                width_values=episode.width_values,
             )
             f.flush()
             os.fsync(f.fileno())
@@ -258,7 +273,8 @@ def _save_arrays(path: Path, episode: Episode, jpeg_quality: int) -> None:
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError) and _is_disk_full(exc):
-            needed = int(offsets[-1]) + 64 * len(episode.capture_ns)  # frames plus low-dim rows
+            # Frames, their low-dim rows, and the pose and width samples.
+            needed = int(offsets[-1]) + 64 * len(episode.capture_ns) + 56 * len(episode.pose_ns) + 16 * len(episode.width_ns)
             raise DiskFullError(str(path), needed, len(episode.capture_ns)) from None
         raise
 
@@ -367,6 +383,10 @@ class ConversionResult:
             "episodes_read_only_up_to_damage": sum(1 for ep in self.episodes if ep["read_stopped"]),
             "recordings_excluded": len(self.excluded),
             "recordings_excluded_by_reason": dict(sorted(Counter(e["excluded"] for e in self.excluded).items())),
+            # With convert.resample_hz: the farthest any chosen frame is from its grid time.
+            "resample_offset_ms_max": max(
+                (ep["resample_offset_ms"]["max"] for ep in self.episodes if ep["resample_offset_ms"]), default=None
+            ),
             "bytes_per_frame": round(self.store_bytes / max(self.frames, 1), 1),
             "store_files": self.store_files,
         }
@@ -509,11 +529,22 @@ def _write_store(
         for key in layout.LOWDIM_KEYS
     }
     stamps = root.create_array(layout.TIMESTAMP, shape=(total,), dtype="float64", chunks=(layout.LOWDIM_CHUNK,))
-    appenders = {
-        **{k: _Appender(a, layout.LOWDIM_CHUNK) for k, a in lowdim.items()},
-        layout.TIMESTAMP: _Appender(stamps, layout.LOWDIM_CHUNK),
+    pose_rows = sum(ep["pose_samples"] for ep in episodes)
+    width_rows = sum(ep["width_samples"] for ep in episodes)
+    streams = {
+        key: root.create_array(key, shape=(rows, *dims), dtype="float64", chunks=(layout.LOWDIM_CHUNK, *dims))
+        for key, rows, dims in (
+            (layout.POSE_TIMESTAMP, pose_rows, ()),
+            (layout.POSE_POS, pose_rows, (3,)),
+            (layout.POSE_ROT, pose_rows, (3,)),
+            (layout.WIDTH_TIMESTAMP, width_rows, ()),
+            (layout.WIDTH, width_rows, (1,)),
+        )
     }
-    ends = []
+    appenders = {
+        k: _Appender(a, layout.LOWDIM_CHUNK) for k, a in {**lowdim, layout.TIMESTAMP: stamps, **streams}.items()
+    }
+    ends, pose_ends, width_ends = [0], [0], [0]
     for ep in episodes:
         arrays = _load_arrays(cache_dir, ep["key"])
         data, offsets = arrays["jpeg"].tobytes(), arrays["jpeg_offsets"]
@@ -522,12 +553,21 @@ def _write_store(
         appenders[layout.EEF_ROT].append(arrays["eef_rot"])
         appenders[layout.GRIPPER_WIDTH].append(arrays["width"])
         ns = arrays["capture_ns"]
+        # Every time of an episode, frames and samples alike, on one clock: s since its first kept frame.
         appenders[layout.TIMESTAMP].append((ns - ns[0]).astype(np.float64) / 1e9)
-        ends.append((ends[-1] if ends else 0) + len(ns))
+        appenders[layout.POSE_TIMESTAMP].append((arrays["pose_ns"] - ns[0]).astype(np.float64) / 1e9)
+        appenders[layout.POSE_POS].append(arrays["pose_position"])
+        appenders[layout.POSE_ROT].append(arrays["pose_rot"])
+        appenders[layout.WIDTH_TIMESTAMP].append((arrays["width_ns"] - ns[0]).astype(np.float64) / 1e9)
+        appenders[layout.WIDTH].append(arrays["width_values"][:, None])
+        ends.append(ends[-1] + len(ns))
+        pose_ends.append(pose_ends[-1] + len(arrays["pose_ns"]))
+        width_ends.append(width_ends[-1] + len(arrays["width_ns"]))
     frames.close()
     for appender in appenders.values():
         appender.close()
-    root.create_array(layout.EPISODE_ENDS, data=np.asarray(ends, dtype=np.int64), chunks=(max(len(ends), 1),))
+    for key, episode_ends in ((layout.EPISODE_ENDS, ends), (layout.POSE_EPISODE_ENDS, pose_ends), (layout.WIDTH_EPISODE_ENDS, width_ends)):
+        root.create_array(key, data=np.asarray(episode_ends[1:], dtype=np.int64), chunks=(max(len(episodes), 1),))
     root.attrs.update(
         {
             layout.ATTRS_FORMAT: layout.FORMAT_VERSION,

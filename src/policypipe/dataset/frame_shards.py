@@ -24,6 +24,11 @@ from policypipe.dataset.image_codec import JpegCodec, decode_jpeg
 ABSENT = np.uint64(2**64 - 1)
 
 
+class UnreadableFrame(Exception):
+    """A stored frame cannot be read or decoded: damage to the data (a missing or corrupt shard,
+    bytes that are not a JPEG), as opposed to a failure of the code reading it."""
+
+
 def create_frames_array(group: zarr.Group, key: str, frames: int, size: tuple[int, int], frames_per_shard: int, quality: int) -> zarr.Array:
     w, h = size
     return group.create_array(
@@ -132,11 +137,17 @@ class FrameShardReader:
         return index
 
     def read(self, i: int) -> np.ndarray:
-        """(H, W, 3) uint8 RGB frame i."""
-        if not self.fast:
-            return self.array[i]
+        """(H, W, 3) uint8 RGB frame i; UnreadableFrame when the stored data cannot give it."""
         if not 0 <= i < self.shape[0]:
             raise IndexError(f"frame {i} out of range 0..{self.shape[0] - 1}")
+        try:
+            return self._read(i)
+        except (OSError, ValueError) as exc:  # a missing or damaged file, a checksum, a JPEG decoder's verdict
+            raise UnreadableFrame(f"frame {i} of {self.array_dir}: {type(exc).__name__}: {exc}") from exc
+
+    def _read(self, i: int) -> np.ndarray:
+        if not self.fast:
+            return self.array[i]
         shard, local = divmod(i, self.frames_per_shard)
         offset, nbytes = (int(v) for v in self._index(shard)[local])
         if offset == int(ABSENT):

@@ -1,12 +1,13 @@
 """Normalization statistics of the training episodes, computed over the zarr arrays.
 
 Low-dimensional statistics are computed in the representation the policy uses (relative
-poses over the observation and action windows of `windows.py`), vectorised over blocks of
-anchor frames: never a per-sample loop, never an image decoded. Two passes over the blocks:
-the first gathers count, mean and variance (Chan's parallel merge, float64), min and max; the
-second fills a fine histogram between min and max, from which q01 and q99 are read. A quantile
-is therefore within one bin, (max - min) / `quantile_bins`, of the two order statistics that
-bracket it: on dense data, within one bin of the exact value.
+poses over the observation and action windows of `windows.py`, on the time axis, at the
+anchors training samples), vectorised over blocks of anchor frames: never a per-sample loop,
+never an image decoded. Two passes over the blocks: the first gathers count, mean and
+variance (Chan's parallel merge, float64), min and max; the second fills a fine histogram
+between min and max, from which q01 and q99 are read. A quantile is therefore within one
+bin, (max - min) / `quantile_bins`, of the two order statistics that bracket it: on dense
+data, within one bin of the exact value.
 
 Images: per-channel mean and std over an evenly spaced sample of training frames.
 """
@@ -22,7 +23,7 @@ import zarr
 
 from policypipe.dataset import layout
 from policypipe.dataset.split import RULE, SPLIT_BY, episode_groups, split_episodes
-from policypipe.dataset.windows import WindowConfig, actions, episode_bounds, observations
+from policypipe.dataset.windows import EpisodeStreams, WindowConfig, episode_bounds
 
 log = logging.getLogger(__name__)
 
@@ -105,21 +106,25 @@ class _Histogram:
 
 def _windowed(root: zarr.Group, episodes: list[int], window: WindowConfig, block: int):
     """Yields {name: (M, dim) float64 block} over every anchor frame of the given episodes."""
-    pos = root[layout.EEF_POS][:].astype(np.float64)
-    rotvec = root[layout.EEF_ROT][:].astype(np.float64)
-    width = root[layout.GRIPPER_WIDTH][:, 0].astype(np.float64)
-    first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
-    owner = np.concatenate([np.full(last[e] - first[e] + 1, e) for e in episodes])
-    anchors = np.concatenate([np.arange(first[e], last[e] + 1) for e in episodes])
+    streams = EpisodeStreams.from_store(root)
+    anchors, _ = streams.anchors(episodes, window)
     for start in range(0, len(anchors), block):
-        a, e = anchors[start : start + block], owner[start : start + block]
-        act = actions(pos, rotvec, width, a, first[e], last[e], window)
-        obs_pose, obs_width = observations(pos, rotvec, width, a, first[e], last[e], window)
+        w = streams.windows(anchors[start : start + block], window)
         yield {
-            "action": act.reshape(-1, act.shape[-1]),
-            "obs.eef_pose_rel": obs_pose.reshape(-1, obs_pose.shape[-1]),
-            "obs.gripper_width": obs_width.reshape(-1, 1),
+            "action": w.action.reshape(-1, w.action.shape[-1]),
+            "obs.eef_pose_rel": w.obs_pose.reshape(-1, w.obs_pose.shape[-1]),
+            "obs.gripper_width": w.obs_width.reshape(-1, 1),
         }
+
+
+def observation_image_offsets(root: zarr.Group, episodes: list[int], window: WindowConfig) -> dict[str, Any]:
+    """How far, per observation step (oldest first), the image is from the time its pose is
+    sampled at: mean and max |capture time - observation time| over the anchors, in ms."""
+    streams = EpisodeStreams.from_store(root)
+    anchors, _ = streams.anchors(episodes, window)
+    _, offset = streams.observation_frames(anchors, window)
+    ms = 1000 * np.abs(offset)
+    return {"anchors": int(len(anchors)), "mean": np.round(ms.mean(axis=0), 3).tolist(), "max": np.round(ms.max(axis=0), 3).tolist()}
 
 
 def lowdim_statistics(root: zarr.Group, episodes: list[int], window: WindowConfig, config: StatsConfig) -> dict[str, dict]:
@@ -186,6 +191,7 @@ def compute_statistics(root: zarr.Group, window: WindowConfig, config: StatsConf
         },
         "window": {"n_obs_steps": window.n_obs_steps, "horizon": window.horizon, "n_action_steps": window.n_action_steps},
         "lowdim": lowdim_statistics(root, train, window, config),
+        "observation_image_offset_ms": observation_image_offsets(root, train, window),
         "image": {layout.RGB: image_statistics(root, train, config.image_sample_frames)},
         "quantile_tolerance": "within one bin, (max - min) / quantile_bins, of the order statistics bracketing the quantile",
         "quantile_bins": config.quantile_bins,

@@ -1,13 +1,25 @@
-"""What the policy sees and predicts, computed from the dataset's arrays.
+"""What the policy sees and predicts, sampled on each episode's time axis.
 
-Observations are the last `n_obs_steps` frames; actions are the next `horizon` steps. Both
-are gripper poses relative to the current pose (position in the current gripper frame, and a
-6D rotation: the first two columns of the relative rotation matrix) plus the gripper width.
-Windows never cross episodes: indices are clipped to the episode's first and last frame
-(edge padding), the same rule training samples with.
+With f the dataset's `frequency_hz` and t an anchor frame's capture time (data/timestamp):
 
-Shapes: `P` anchor frames, `T` steps in a window; a pose vector is 9 numbers (3 + 6), an
-action 10 (pose + width).
+- action step k (k = 0..horizon-1) is the pose and width at t + (k + 1) / f, the pose relative
+  to the pose at t. Step 0 is one period ahead (the identity at t itself is never predicted);
+  the first `n_action_steps` are executed.
+- observation step j (j = 0..n_obs_steps-1) is the pose and width at t - (n_obs_steps-1-j) / f
+  (the last one is t itself), relative to the pose at t; its image is the episode's frame
+  nearest that time, and how far that frame is from it is reported (`observation_frames`).
+
+Pose and width are interpolated from the recorded streams (`streams/` in `layout`) exactly as
+convert interpolates them at the frames (`recordings.episode.PoseInterpolator` /
+`interpolate_width`), never read by frame index: a dropped camera frame does not stretch a
+step. Times before an episode's first frame or after its last are clamped to them (edge
+padding); windows never cross episodes. An anchor is any frame of an episode whose action window
+has at most `n_action_steps - 1` padded steps (`EpisodeStreams.anchors`): the last frames of an
+episode, whose futures would be mostly padding, are not trained on.
+
+A pose vector is 9 numbers: position in the anchor's gripper frame (3), and a 6D rotation, the
+first two columns of the rotation relative to the anchor's (6). An action is 10 (pose + width).
+Shapes: `M` anchors, `O` observation steps, `H` action steps.
 """
 
 from __future__ import annotations
@@ -15,10 +27,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import zarr
 from scipy.spatial.transform import Rotation
+
+from policypipe.dataset import layout
+from policypipe.recordings.episode import PoseInterpolator, interpolate_width, nearest_sample
 
 POSE_DIM = 9
 ACTION_DIM = 10
+# A step within this of an episode's last frame is inside it (float rounding of t + k / f).
+TIME_TOLERANCE_S = 1e-6
+# Seconds between consecutive episodes on the shared time axis: no interpolation spans it.
+EPISODE_GAP_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -35,17 +55,20 @@ class WindowConfig:
         if not 1 <= self.n_action_steps <= self.horizon:
             raise ValueError(f"n_action_steps must be in 1..horizon ({self.horizon}), got {self.n_action_steps}")
 
+    def action_offsets(self, frequency_hz: float) -> np.ndarray:
+        """(H,) seconds after the anchor of each action step."""
+        return (np.arange(self.horizon) + 1) / frequency_hz
+
+    def observation_offsets(self, frequency_hz: float) -> np.ndarray:
+        """(O,) seconds after the anchor (<= 0) of each observation step, oldest first."""
+        return (np.arange(self.n_obs_steps) - (self.n_obs_steps - 1)) / frequency_hz
+
 
 def episode_bounds(episode_ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(first, last) frame index of each episode, both inclusive."""
+    """(first, last) row index of each episode, both inclusive."""
     ends = np.asarray(episode_ends, dtype=np.int64)
     starts = np.concatenate([[0], ends[:-1]])
     return starts, ends - 1
-
-
-def window_indices(anchors: np.ndarray, first: np.ndarray, last: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """(P, T) frame indices anchor + offset, clipped to each anchor's episode [first, last]."""
-    return np.clip(anchors[:, None] + offsets[None, :], first[:, None], last[:, None])
 
 
 def rot6d(matrices: np.ndarray) -> np.ndarray:
@@ -53,23 +76,148 @@ def rot6d(matrices: np.ndarray) -> np.ndarray:
     return np.concatenate([matrices[..., :, 0], matrices[..., :, 1]], axis=-1)
 
 
-def relative_poses(pos: np.ndarray, rotvec: np.ndarray, anchors: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """(P, T, 9): the poses at `indices` expressed in the gripper frame at each anchor."""
-    r_anchor = Rotation.from_rotvec(rotvec[anchors]).as_matrix()  # (P, 3, 3), world <- anchor
-    r_other = Rotation.from_rotvec(rotvec[indices.ravel()]).as_matrix().reshape(*indices.shape, 3, 3)
-    r_anchor_t = np.swapaxes(r_anchor, -1, -2)[:, None]  # anchor <- world
-    rel_pos = np.einsum("ptij,ptj->pti", r_anchor_t.repeat(indices.shape[1], axis=1), pos[indices] - pos[anchors][:, None])
-    rel_rot = r_anchor_t @ r_other
-    return np.concatenate([rel_pos, rot6d(rel_rot)], axis=-1)
+def relative_poses(anchor_pos: np.ndarray, anchor_rot: np.ndarray, pos: np.ndarray, rot: np.ndarray) -> np.ndarray:
+    """(M, K, 9): poses `pos` (M, K, 3), `rot` (M, K, 3, 3) in the gripper frame of each anchor
+    (`anchor_pos` (M, 3), `anchor_rot` (M, 3, 3), world <- anchor)."""
+    to_anchor = np.swapaxes(anchor_rot, -1, -2)  # anchor <- world
+    rel_pos = np.einsum("mij,mkj->mki", to_anchor, pos - anchor_pos[:, None])
+    return np.concatenate([rel_pos, rot6d(to_anchor[:, None] @ rot)], axis=-1)
 
 
-def actions(pos, rotvec, width, anchors, first, last, config: WindowConfig) -> np.ndarray:
-    """(P, horizon, 10): future poses relative to the anchor, and the width, edge-padded."""
-    idx = window_indices(anchors, first, last, np.arange(config.horizon))
-    return np.concatenate([relative_poses(pos, rotvec, anchors, idx), width[idx].reshape(*idx.shape, 1)], axis=-1)
+@dataclass(frozen=True)
+class Windows:
+    """The windows of M anchors."""
+
+    obs_pose: np.ndarray  # (M, O, 9) relative to the anchor
+    obs_width: np.ndarray  # (M, O, 1) metres
+    obs_frames: np.ndarray  # (M, O) int64 frame index of each observation's image
+    obs_image_offset_s: np.ndarray  # (M, O) capture time of that frame - the observation's time
+    action: np.ndarray  # (M, H, 10) relative pose and width
 
 
-def observations(pos, rotvec, width, anchors, first, last, config: WindowConfig) -> tuple[np.ndarray, np.ndarray]:
-    """((P, n_obs, 9) past poses relative to the anchor, (P, n_obs, 1) widths), edge-padded."""
-    idx = window_indices(anchors, first, last, np.arange(-config.n_obs_steps + 1, 1))
-    return relative_poses(pos, rotvec, anchors, idx), width[idx].reshape(*idx.shape, 1)
+class EpisodeStreams:
+    """A dataset's frame times and recorded pose and width samples, on one time axis.
+
+    Each episode's own clock is shifted so that the episodes follow each other in order,
+    `EPISODE_GAP_S` apart: one sorted axis for the whole dataset, on which a block of anchors
+    from many episodes is interpolated in one vectorised call, and a clamped time of one episode
+    never reaches another's samples. Arrays are float64 and held in memory, with the pose
+    interpolator built once (~70 MB per hour of recording at 200 Hz), so one sample costs
+    a few binary searches.
+    """
+
+    def __init__(
+        self,
+        frequency_hz: float,
+        frame_time: np.ndarray,
+        episode_ends: np.ndarray,
+        pose_time: np.ndarray,
+        pose_pos: np.ndarray,
+        pose_rotvec: np.ndarray,
+        pose_episode_ends: np.ndarray,
+        width_time: np.ndarray,
+        width: np.ndarray,
+        width_episode_ends: np.ndarray,
+    ) -> None:
+        """Times on each episode's own clock; `*_episode_ends` as `meta/episode_ends`."""
+        if not frequency_hz > 0:
+            raise ValueError(f"the dataset's frequency_hz must be positive, got {frequency_hz}")
+        self.frequency_hz = float(frequency_hz)
+        self.first, self.last = episode_bounds(episode_ends)
+        p_first, p_last = episode_bounds(pose_episode_ends)
+        w_first, w_last = episode_bounds(width_episode_ends)
+        if not len(self.first) == len(p_first) == len(w_first):
+            raise ValueError("the frame, pose and width streams have different episode counts")
+        starts = np.minimum.reduce([frame_time[self.first], pose_time[p_first], width_time[w_first]])
+        stops = np.maximum.reduce([frame_time[self.last], pose_time[p_last], width_time[w_last]])
+        # float64 keeps 0.1 ns resolution on an axis as long as 100 hours of episodes.
+        shift = np.concatenate([[0.0], np.cumsum(stops - starts + EPISODE_GAP_S)[:-1]]) - starts  # (E,)
+        self.frame_episode = np.repeat(np.arange(len(shift)), self.last - self.first + 1)
+        self.frame_time = np.asarray(frame_time, np.float64) + shift[self.frame_episode]
+        self.pose_time = np.asarray(pose_time, np.float64) + np.repeat(shift, p_last - p_first + 1)
+        self.width_time = np.asarray(width_time, np.float64) + np.repeat(shift, w_last - w_first + 1)
+        self.width = np.ascontiguousarray(width, np.float64).reshape(-1)
+        self._check(p_first, p_last, w_first, w_last)
+        # Built once over the whole axis (between episodes it is never asked).
+        self.pose = PoseInterpolator(self.pose_time, np.asarray(pose_pos, np.float64), Rotation.from_rotvec(pose_rotvec))
+
+    def _check(self, p_first, p_last, w_first, w_last) -> None:
+        """Every episode's streams cover its frames, in time order: nothing is ever extrapolated."""
+        if (np.diff(self.pose_time) <= 0).any() or (np.diff(self.width_time) <= 0).any() or (np.diff(self.frame_time) < 0).any():
+            raise ValueError("pose or width samples not strictly increasing in time, or frames out of order")
+        t0, t1 = self.frame_time[self.first], self.frame_time[self.last]
+        bad = (self.pose_time[p_first] > t0) | (self.pose_time[p_last] < t1) | (self.width_time[w_first] > t0) | (self.width_time[w_last] < t1)
+        if bad.any():
+            raise ValueError(f"episodes {np.flatnonzero(bad).tolist()}: the pose or width samples do not cover their frames")
+
+    @classmethod
+    def from_store(cls, root: zarr.Group) -> EpisodeStreams:
+        version = root.attrs.get(layout.ATTRS_FORMAT)
+        if version != layout.FORMAT_VERSION:
+            raise ValueError(
+                f"dataset format version {version}, this code reads version {layout.FORMAT_VERSION} "
+                "(it needs the recorded pose and width streams)"
+            )
+        return cls(
+            frequency_hz=float(root.attrs[layout.ATTRS_FREQUENCY]),
+            frame_time=root[layout.TIMESTAMP][:],
+            episode_ends=root[layout.EPISODE_ENDS][:],
+            pose_time=root[layout.POSE_TIMESTAMP][:],
+            pose_pos=root[layout.POSE_POS][:],
+            pose_rotvec=root[layout.POSE_ROT][:],
+            pose_episode_ends=root[layout.POSE_EPISODE_ENDS][:],
+            width_time=root[layout.WIDTH_TIMESTAMP][:],
+            width=root[layout.WIDTH][:],
+            width_episode_ends=root[layout.WIDTH_EPISODE_ENDS][:],
+        )
+
+    def anchors(self, episodes: list[int], window: WindowConfig) -> tuple[np.ndarray, np.ndarray]:
+        """(M,) anchor frame indices of `episodes`, in order, and (M,) the episode of each.
+
+        A frame is an anchor when at most n_action_steps - 1 of its action steps fall after the
+        episode's last frame, i.e. when step horizon - n_action_steps is inside the episode.
+        """
+        if not len(episodes):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        episodes = np.asarray(episodes, dtype=np.int64)
+        frames = np.concatenate([np.arange(self.first[e], self.last[e] + 1) for e in episodes])
+        owner = np.repeat(episodes, self.last[episodes] - self.first[episodes] + 1)
+        reach = window.action_offsets(self.frequency_hz)[window.horizon - window.n_action_steps]
+        keep = self.frame_time[frames] + reach <= self.frame_time[self.last[owner]] + TIME_TOLERANCE_S
+        return frames[keep], owner[keep]
+
+    def _clamped(self, anchors: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """(M, K) times anchor + offset, clamped to the anchor's episode (edge padding)."""
+        episode = self.frame_episode[anchors]
+        lo, hi = self.frame_time[self.first[episode]], self.frame_time[self.last[episode]]
+        return np.clip(self.frame_time[anchors][:, None] + offsets[None], lo[:, None], hi[:, None])
+
+    def observation_frames(self, anchors: np.ndarray, window: WindowConfig) -> tuple[np.ndarray, np.ndarray]:
+        """((M, O) frame index nearest each observation time, (M, O) its capture time minus that time)."""
+        times = self._clamped(anchors, window.observation_offsets(self.frequency_hz))
+        frames = nearest_sample(self.frame_time, times)
+        return frames, self.frame_time[frames] - times
+
+    def windows(self, anchors: np.ndarray, window: WindowConfig) -> Windows:
+        """The observation and action windows of frames `anchors` (M,), one vectorised pass."""
+        anchors = np.asarray(anchors, dtype=np.int64)
+        offsets = np.concatenate([window.observation_offsets(self.frequency_hz), window.action_offsets(self.frequency_hz)])
+        pos, rot, width = self._sample(self._clamped(anchors, offsets))  # (M, O + H, ...)
+        o = window.n_obs_steps  # observation step o - 1 is the anchor itself
+        rel = relative_poses(pos[:, o - 1], rot[:, o - 1], pos, rot)
+        frames, image_offset = self.observation_frames(anchors, window)
+        return Windows(
+            obs_pose=rel[:, :o],
+            obs_width=width[:, :o, None],
+            obs_frames=frames,
+            obs_image_offset_s=image_offset,
+            action=np.concatenate([rel[:, o:], width[:, o:, None]], axis=-1),
+        )
+
+    def _sample(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Pose and width at shared-axis `times` (M, K): positions (M, K, 3), rotation matrices
+        (M, K, 3, 3), widths (M, K)."""
+        flat = times.ravel()
+        pos, rot = self.pose(flat)
+        width = interpolate_width(flat, self.width_time, self.width)
+        return pos.reshape(*times.shape, 3), rot.as_matrix().reshape(*times.shape, 3, 3), width.reshape(times.shape)

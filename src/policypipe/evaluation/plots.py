@@ -9,7 +9,7 @@ import zarr
 from scipy.spatial.transform import Rotation
 
 from policypipe.dataset import layout
-from policypipe.dataset.windows import episode_bounds
+from policypipe.dataset.windows import WindowConfig, episode_bounds
 from policypipe.evaluation.samples import Samples
 from policypipe.plotting import plt, save_png
 
@@ -36,6 +36,7 @@ def write_eval_plots(store: Path, samples: Samples, chunks: dict[str, np.ndarray
     rot = Rotation.from_rotvec(root[layout.EEF_ROT][:].astype(np.float64)).as_matrix()
     width = root[layout.GRIPPER_WIDTH][:, 0]
     stamps = root[layout.TIMESTAMP][:]
+    frequency = float(root.attrs[layout.ATTRS_FREQUENCY])
     first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
     shown = list(dict.fromkeys(samples.episodes.tolist()))[:episodes]
     written = []
@@ -54,8 +55,7 @@ def write_eval_plots(store: Path, samples: Samples, chunks: dict[str, np.ndarray
                 chunk = chunks[name][i]
                 world = pos[a] + chunk[:, :3] @ rot[a].T  # relative positions back to the world frame
                 top.plot(world[:n_action_steps, 0], world[:n_action_steps, 1], color=color, ls=style, lw=1, alpha=0.8)
-                # Action step k lies k + 1 frame intervals after the anchor.
-                t = stamps[a] + np.arange(1, len(chunk) + 1) * np.median(np.diff(stamps[span]))
+                t = stamps[a] + WindowConfig(horizon=len(chunk), n_action_steps=n_action_steps).action_offsets(frequency)
                 bottom.plot(t[:n_action_steps], 1000 * chunk[:n_action_steps, 9], color=color, ls=style, lw=1, alpha=0.8)
         top.set(title=f"episode {e}: top-down (m)", xlabel="x", ylabel="y")
         top.set_aspect("equal", adjustable="datalim")

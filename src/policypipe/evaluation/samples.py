@@ -1,5 +1,6 @@
 """The evaluation's samples: evenly spaced anchors of the validation episodes with their recorded
-observations and futures, and the training episodes' mean motion (a baseline)."""
+observations and futures (the windows training samples, `dataset.windows`), and the training
+episodes' mean motion (a baseline)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import numpy as np
 import torch
 import zarr
 
-from policypipe.dataset import layout
-from policypipe.dataset.windows import WindowConfig, actions, episode_bounds
+from policypipe.dataset.frame_shards import UnreadableFrame
+from policypipe.dataset.windows import EpisodeStreams, WindowConfig
 from policypipe.training.data import WindowDataset
 
 log = logging.getLogger(__name__)
@@ -31,19 +32,24 @@ class Samples:
 
 
 def collect_samples(store: Path, episodes: list[int], window: WindowConfig, stride: int) -> Samples:
-    """Evenly spaced samples of each episode; an episode that cannot be read is skipped and counted."""
+    """Every `stride`-th anchor of each episode (the anchors training samples).
+
+    An episode with a frame that cannot be read (`UnreadableFrame`: damaged data) is skipped and
+    counted; any other exception is a fault of the code or the setup, and is raised.
+    """
+    data = WindowDataset(store, episodes, window)
     items, owners, anchors, skipped = [], [], [], []
     for e in episodes:
+        picks = np.flatnonzero(data.anchor_episodes == e)[::stride]
         try:
-            data = WindowDataset(store, [e], window)
-            picks = range(0, len(data), stride)
-            episode_items = [data[i] for i in picks]
-            items += episode_items
-            owners += [e] * len(episode_items)
-            anchors += [int(data.anchors[i]) for i in picks]
-        except Exception as exc:  # noqa: BLE001 - one broken episode must not stop the evaluation
+            episode_items = [data[int(i)] for i in picks]
+        except UnreadableFrame as exc:
             log.warning("episode %d skipped: %s", e, exc)
             skipped.append({"episode": e, "reason": f"{type(exc).__name__}: {exc}"})
+            continue
+        items += episode_items
+        owners += [e] * len(picks)
+        anchors += data.anchors[picks].tolist()
     if not items:
         raise ValueError(f"no sample could be read from episodes {episodes}")
     batch = {k: torch.stack([it[k] for it in items]) for k in items[0]}
@@ -51,16 +57,11 @@ def collect_samples(store: Path, episodes: list[int], window: WindowConfig, stri
 
 
 def mean_motion(store: Path, episodes: list[int], window: WindowConfig, block: int = 32768) -> np.ndarray:
-    """(T, 10): the training episodes' mean relative action chunk (rotation re-orthonormalised later)."""
-    root = zarr.open_group(store, mode="r")
-    pos = root[layout.EEF_POS][:].astype(np.float64)
-    rotvec = root[layout.EEF_ROT][:].astype(np.float64)
-    width = root[layout.GRIPPER_WIDTH][:, 0].astype(np.float64)
-    first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
-    anchors = np.concatenate([np.arange(first[e], last[e] + 1) for e in episodes])
-    owner = np.concatenate([np.full(last[e] - first[e] + 1, e) for e in episodes])
+    """(T, 10): the training episodes' mean relative action chunk over their anchors (rotation
+    re-orthonormalised later)."""
+    streams = EpisodeStreams.from_store(zarr.open_group(store, mode="r"))
+    anchors, _ = streams.anchors(episodes, window)
     total = np.zeros((window.horizon, 10))
     for s in range(0, len(anchors), block):
-        a, o = anchors[s : s + block], owner[s : s + block]
-        total += actions(pos, rotvec, width, a, first[o], last[o], window).sum(axis=0)
+        total += streams.windows(anchors[s : s + block], window).action.sum(axis=0)
     return total / len(anchors)

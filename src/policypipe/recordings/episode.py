@@ -2,7 +2,10 @@
 
 For every kept camera frame, the gripper pose and width at that frame's capture time are
 interpolated (linear for position and width, spherical for orientation). Frames outside the
-span covered by pose and width are trimmed, never extrapolated. Timestamps stay integer
+span covered by pose and width are trimmed, never extrapolated. The pose and width samples
+themselves are kept too, over the kept frames' span plus the one sample on each side, so a
+target can be interpolated at any time of the episode (`PoseInterpolator`, `interpolate_width`:
+the same code for the frames here and for the policy's windows). Timestamps stay integer
 nanoseconds until the final relative float64 seconds.
 """
 
@@ -77,6 +80,12 @@ class Episode:
     eef_rot_axis_angle: np.ndarray  # float32 (N, 3)
     gripper_width: np.ndarray  # float32 (N, 1)
     capture_ns: np.ndarray  # int64 (N,), absolute capture time of each kept frame
+    # The recorded pose and width samples covering the kept frames (see `covering`).
+    pose_ns: np.ndarray  # int64 (P,)
+    pose_position: np.ndarray  # float64 (P, 3)
+    pose_rot_axis_angle: np.ndarray  # float64 (P, 3)
+    width_ns: np.ndarray  # int64 (W,)
+    width_values: np.ndarray  # float64 (W,)
     frames_in: int  # camera messages read (lost ones are not among them)
     dropped: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -85,6 +94,8 @@ class Episode:
     lost_messages: dict[str, int] = field(default_factory=dict)
     # Why reading stopped before the end of a file without an index to skip damage, or None.
     read_stopped: str | None = None
+    # With convert.resample_hz: |capture time - grid time| of the frame chosen for each grid time.
+    resample_offset_ns: np.ndarray | None = None
 
     @property
     def frequency_hz(self) -> float:
@@ -244,6 +255,45 @@ def _resize(image: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
 # ---------------------------------------------------------------- pose and width
 
 
+class PoseInterpolator:
+    """The pose at any time from samples at strictly increasing times `x_pose` (P,): position
+    (P, 3) linearly, orientation (P rotations) by spherical linear interpolation.
+
+    Times are float64 offsets from a reference near them (never absolute Unix ns, which float64
+    cannot hold). The one pose interpolator: convert uses it at each frame, the policy's windows
+    at any time of an episode. Built once, it answers a few queries in O(log P).
+    """
+
+    def __init__(self, x_pose: np.ndarray, position: np.ndarray, rotations: Rotation) -> None:
+        self.x_pose = np.ascontiguousarray(x_pose, dtype=np.float64)
+        # Contiguous columns: np.interp copies a strided one on every call.
+        self.columns = [np.ascontiguousarray(position[:, k], dtype=np.float64) for k in range(3)]
+        self.slerp = Slerp(self.x_pose, rotations)
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, Rotation]:
+        """((M, 3) positions, M orientations) at times `x` (M,) within the samples' span."""
+        return np.stack([np.interp(x, self.x_pose, column) for column in self.columns], axis=1), self.slerp(x)
+
+
+def interpolate_width(x: np.ndarray, x_width: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """The gripper width at times `x` (M,), linearly between samples at `x_width` (W,)."""
+    return np.interp(x, x_width, width)
+
+
+def nearest_sample(times: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Index of the sample of `times` (sorted, at least 2) nearest each of `query`; a tie goes
+    to the later sample, a query outside the span to the first or last sample."""
+    nearest = np.clip(np.searchsorted(times, query), 1, len(times) - 1)
+    nearest -= (query - times[nearest - 1]) < (times[nearest] - query)
+    return nearest
+
+
+def covering(times: np.ndarray, lo: int, hi: int) -> slice:
+    """The samples of sorted `times` from the last one at or before `lo` to the first one at or
+    after `hi`: interpolation anywhere in [lo, hi] needs these and no others."""
+    return slice(max(int(np.searchsorted(times, lo, side="right")) - 1, 0), int(np.searchsorted(times, hi, side="left")) + 1)
+
+
 def clean_pose_span(
     pose_ns: np.ndarray, position: np.ndarray, quaternion: np.ndarray, config: ConvertConfig
 ) -> tuple[slice, int, np.ndarray, np.ndarray, np.ndarray]:
@@ -354,12 +404,17 @@ def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
         dropped["outside_pose_or_width_span"] += int((~inside).sum())
     order, t_cam = order[inside], t_cam[inside]
 
+    resample_offset_ns = None
     if config.resample_hz is not None and len(t_cam) >= 2:
         step = int(round(1e9 / config.resample_hz))
         grid = np.arange(t_cam[0], t_cam[-1] + 1, step, dtype=np.int64)
-        nearest = np.clip(np.searchsorted(t_cam, grid), 1, len(t_cam) - 1)
-        nearest -= (grid - t_cam[nearest - 1]) < (t_cam[nearest] - grid)
-        order, t_cam = order[nearest], grid
+        nearest = nearest_sample(t_cam, grid)
+        resample_offset_ns = np.abs(t_cam[nearest] - grid)
+        # Each chosen frame keeps its own capture time, and pose and width are interpolated at
+        # it: image and pose are of the same moment, whatever the grid. A frame nearest to two
+        # grid times (dropped frames, or a camera slower than the grid) is kept once.
+        nearest = np.unique(nearest)
+        order, t_cam = order[nearest], t_cam[nearest]
 
     if len(t_cam) < config.min_frames:
         raise RecordingError(
@@ -368,10 +423,10 @@ def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
 
     # Interpolate on int64 offsets from a reference, so float64 keeps nanosecond precision.
     ref = pose_t[0]
-    x_pose, x_cam = (pose_t - ref).astype(np.float64), (t_cam - ref).astype(np.float64)
-    eef_pos = np.stack([np.interp(x_cam, x_pose, pos[:, k]) for k in range(3)], axis=1)
-    rot = Slerp(x_pose, Rotation.from_quat(quat))(x_cam)
-    grip = np.interp((t_cam - ref).astype(np.float64), (width_t - ref).astype(np.float64), width)
+    x_cam = (t_cam - ref).astype(np.float64)
+    eef_pos, rot = PoseInterpolator((pose_t - ref).astype(np.float64), pos, Rotation.from_quat(quat))(x_cam)
+    grip = interpolate_width(x_cam, (width_t - ref).astype(np.float64), width)
+    pose_kept, width_kept = covering(pose_t, t_cam[0], t_cam[-1]), covering(width_t, t_cam[0], t_cam[-1])
 
     return Episode(
         rgb=decoded.rgb[order],
@@ -385,4 +440,10 @@ def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
         camera_topic=streams.camera_topic,
         lost_messages=dict(sorted(streams.lost.items())),
         read_stopped=streams.truncated,
+        pose_ns=pose_t[pose_kept],
+        pose_position=pos[pose_kept].astype(np.float64),
+        pose_rot_axis_angle=Rotation.from_quat(quat[pose_kept]).as_rotvec(),
+        width_ns=width_t[width_kept],
+        width_values=width[width_kept].astype(np.float64),
+        resample_offset_ns=resample_offset_ns,
     )
