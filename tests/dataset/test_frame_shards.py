@@ -46,7 +46,7 @@ def test_writer_refuses_a_frame_count_that_does_not_match(tmp_path: Path) -> Non
 
 
 def test_reader_returns_what_zarr_returns_and_checks_the_index(tmp_path: Path) -> None:
-    from policypipe.dataset.frame_shards import FrameShardReader
+    from policypipe.dataset.frame_shards import FrameShardReader, UnreadableFrame
 
     data = frames(23)
     group = zarr.open_group(tmp_path / "s.zarr", mode="w", zarr_format=3)
@@ -64,7 +64,7 @@ def test_reader_returns_what_zarr_returns_and_checks_the_index(tmp_path: Path) -
     raw = bytearray(shard.read_bytes())
     raw[-10] ^= 1  # inside the index
     shard.write_bytes(bytes(raw))
-    with pytest.raises(ValueError, match="checksum"):
+    with pytest.raises(UnreadableFrame, match="frame 12 .*checksum"):
         FrameShardReader(tmp_path / "s.zarr", "rgb").read(12)
 
 
