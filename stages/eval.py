@@ -43,7 +43,7 @@ def main() -> None:
             require_same_window(stats, asdict(policy.config), f"the policy {args.policy}")
         except ConfigError as exc:
             fail(str(exc))
-        print(f"eval: {len(stats['split']['val'])} validation episodes, every {config.stride}th frame ...", flush=True)
+        print(f"eval: {len(stats['split']['val'])} validation episodes, every {config.stride}th anchor frame ...", flush=True)
         try:
             result = evaluate(policy, args.dataset, stats, config)
         except ValueError as exc:

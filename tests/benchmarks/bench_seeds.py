@@ -39,6 +39,11 @@ def override(sections: dict[str, dict], assignment: str) -> None:
     target[leaf] = YAML(typ="safe", pure=True).load(text)
 
 
+def progress(record: dict) -> None:
+    if "val_loss" in record:
+        print(f"  step {record['step']}: val loss {record['val_loss']:.4f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="one folder per seed is made in it")
@@ -59,7 +64,7 @@ def main() -> None:
         folder = args.out / f"seed{seed}"
         started = time.monotonic()
         result = train(store=args.dataset, stats=stats, stats_sha256=sha256_file(args.stats),
-                       config=replace(config, seed=seed), run_dir=folder / "run", log_step=lambda record: None)
+                       config=replace(config, seed=seed), run_dir=folder / "run", log_step=progress)
         save_policy(folder / "policy", result.policy, {"dataset_fingerprint": stats["dataset_fingerprint"]["sha256"],
                                                        "stats_sha256": sha256_file(args.stats), "steps": result.steps,
                                                        "overrides": args.overrides})

@@ -52,7 +52,7 @@ class EvalConfig:
     """`eval` section of params.yaml."""
 
     seed: int = 0
-    # Every `stride`-th frame of each validation episode is a sample.
+    # Every `stride`-th anchor frame of each validation episode is a sample (the frames training samples).
     stride: int = 8
     batch_size: int = 64
     # Multimodality: this many noise samples for each of `spread_observations` observations.
