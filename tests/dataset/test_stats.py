@@ -36,7 +36,7 @@ def reference_samples(root: zarr.Group, episodes: list[int]) -> dict[str, np.nda
     pose_t, width_t = root[layout.POSE_TIMESTAMP][:], root[layout.WIDTH_TIMESTAMP][:]
     pose_pos, pose_rot, width = root[layout.POSE_POS][:], root[layout.POSE_ROT][:], root[layout.WIDTH][:, 0]
     bounds = [np.concatenate([[0], root[key][:]]) for key in (layout.EPISODE_ENDS, layout.POSE_EPISODE_ENDS, layout.WIDTH_EPISODE_ENDS)]
-    out = {"action": [], "obs.eef_pose_rel": [], "obs.gripper_width": []}
+    out = {"action": [], "action_per_step": [], "obs.eef_pose_rel": [], "obs.gripper_width": []}
     for e in episodes:
         (f0, f1), (p0, p1), (w0, w1) = ((b[e], b[e + 1]) for b in bounds)
         frames = stamps[f0:f1]
@@ -58,8 +58,11 @@ def reference_samples(root: zarr.Group, episodes: list[int]) -> dict[str, np.nda
             future = [t + (k + 1) / f for k in range(WINDOW.horizon)]
             if sum(s > frames[-1] + 1e-9 for s in future) > WINDOW.n_action_steps - 1:
                 continue
-            for s in future:
-                out["action"].append(np.concatenate([rel(t, at(s)), [np.interp(at(s), width_t[w0:w1], width[w0:w1])]]))
+            current_width = np.interp(t, width_t[w0:w1], width[w0:w1])
+            chunk = [np.concatenate([rel(t, at(s)), [np.interp(at(s), width_t[w0:w1], width[w0:w1]) - current_width]])
+                     for s in future]
+            out["action"] += chunk
+            out["action_per_step"].append(np.concatenate(chunk))  # step-major: horizon x 10
             for k in range(WINDOW.n_obs_steps - 1, -1, -1):
                 s = at(t - k / f)
                 out["obs.eef_pose_rel"].append(rel(t, s))

@@ -57,10 +57,12 @@ def test_window_targets_on_a_recording_with_dropped_frames_are_at_the_exact_time
             want = relative_truth(plan, anchor_ns, times)
             assert np.abs(got[:, :3] - want[:, :3]).max() < 3e-4  # metres: 150 Hz samples, linear between
             assert np.abs(got[:, 3:] - want[:, 3:]).max() < 5e-4  # 6D rotation: < 0.03 degrees
-        # Width exactly as the recorded ~45 Hz samples give it at those times.
+        # Width exactly as the recorded ~45 Hz samples give it at those times: observed as it is,
+        # and in actions as the change from the width at the anchor.
         rel = lambda ns: (ns - truth.width_ns[0]).astype(float)  # noqa: E731
-        for got, times in ((action[:, 9], future), (sample["obs_width"][:, 0].double().numpy(), past)):
-            assert np.abs(got - np.interp(rel(times), rel(truth.width_ns), plan.width_at(truth.width_ns))).max() < 1e-6
+        width_at = lambda ns: np.interp(rel(ns), rel(truth.width_ns), plan.width_at(truth.width_ns))  # noqa: E731
+        assert np.abs(sample["obs_width"][:, 0].double().numpy() - width_at(past)).max() < 1e-6
+        assert np.abs(action[:, 9] - (width_at(future) - width_at(np.array([anchor_ns])))).max() < 1e-6
         # Each observation's image is the frame nearest its time.
         nearest = frame_ns[np.abs(frame_ns[:, None] - past[None]).argmin(axis=0)]
         assert [read_timecode(img) for img in sample["obs_images"].numpy()] == [timecode_value(t) for t in nearest]
@@ -93,9 +95,11 @@ def test_padding_repeats_the_last_frame_and_never_reaches_the_next_episode(tmp_p
     padded = stamps[anchors[-1]] + (np.arange(WINDOW.horizon) + 1) / f > stamps[19] + 1e-9
     assert 1 <= padded.sum() <= WINDOW.n_action_steps - 1
     np.testing.assert_allclose(w.action[0, padded], np.broadcast_to(w.action[0, padded][0], w.action[0, padded].shape))
-    # The padded steps hold the pose and width at episode 0's last frame.
-    last = streams.windows(np.array([19]), WindowConfig(n_obs_steps=1, horizon=1, n_action_steps=1))
-    np.testing.assert_allclose(w.action[0, padded][0, 9], last.obs_width[0, 0, 0], atol=1e-12)
+    # The padded steps hold the pose and width at episode 0's last frame (the width as the change
+    # from the anchor's).
+    one_step = WindowConfig(n_obs_steps=1, horizon=1, n_action_steps=1)
+    last, anchor = streams.windows(np.array([19]), one_step), streams.windows(anchors[-1:], one_step)
+    np.testing.assert_allclose(w.action[0, padded][0, 9], last.obs_width[0, 0, 0] - anchor.obs_width[0, 0, 0], atol=1e-12)
     assert set(owner.tolist()) == {0}
 
 

@@ -55,7 +55,7 @@ def test_hold_still_error_on_a_straight_line_equals_its_analytic_value() -> None
     pos, rotvec, width = straight_line(speed=speed, dt=dt)
     anchors = np.arange(0, 40, 5)  # far from the end: no padding in the window
     recorded = recorded_actions(pos, rotvec, width, anchors, dt)
-    errors = chunk_errors(hold_still(width[anchors], WINDOW.horizon), recorded)
+    errors = chunk_errors(hold_still(len(anchors), WINDOW.horizon), recorded)
     # Step h of the chunk is h + 1 periods ahead: the gripper is (h + 1) * speed * dt away, the same turn, same width.
     analytic = 1000 * speed * dt * (np.arange(WINDOW.horizon) + 1)
     assert np.allclose(errors["position_mm"], analytic[None], atol=1e-9)
@@ -113,7 +113,7 @@ def test_constant_velocity_continues_a_screw_motion_exactly(n_obs: int) -> None:
     truth = np.stack([as_pose_vectors(screw_motion(act_t, tw)) for tw in twists])
     # The width opens at 0.1 m/s from 0.04 m.
     obs_width = (0.04 + 0.1 * obs_t)[None, :, None].repeat(2, axis=0)
-    truth_width = 0.04 + 0.1 * act_t
+    truth_width = 0.1 * act_t  # actions hold the change from the current width, 0.04 m
 
     chunk = constant_velocity(obs_pose, obs_width, horizon)
 
@@ -130,8 +130,9 @@ def test_constant_velocity_clips_the_width_to_the_training_range() -> None:
     obs_pose[..., 3] = obs_pose[..., 7] = 1.0  # identity rotations: standing still
     obs_width = np.array([[[0.05], [0.07]]])  # opening 2 cm a step
     chunk = constant_velocity(obs_pose, obs_width, 4, width_range=(0.0, 0.1))
-    assert np.allclose(chunk[0, :, 9], [0.09, 0.1, 0.1, 0.1])
-    assert np.allclose(constant_velocity(obs_pose, obs_width, 4)[0, :, 9], [0.09, 0.11, 0.13, 0.15])
+    # Changes from the current 0.07 m: 0.09 m, then clipped at 0.1 m.
+    assert np.allclose(chunk[0, :, 9], [0.02, 0.03, 0.03, 0.03])
+    assert np.allclose(constant_velocity(obs_pose, obs_width, 4)[0, :, 9], [0.02, 0.04, 0.06, 0.08])
     assert np.allclose(chunk[0, :, :3], 0) and np.allclose(chunk[0, :, 3:9], obs_pose[0, -1, 3:9])
 
 

@@ -22,7 +22,8 @@ def fake_stats() -> dict:
         return {"min": [lo] * dim, "max": [hi] * dim, "mean": [(lo + hi) / 2] * dim, "std": [(hi - lo) / 4] * dim}
 
     return {
-        "lowdim": {"obs.eef_pose_rel": entry(9, -0.1, 0.1), "obs.gripper_width": entry(1, 0.02, 0.08), "action": entry(10, -0.2, 0.2)},
+        "lowdim": {"obs.eef_pose_rel": entry(9, -0.1, 0.1), "obs.gripper_width": entry(1, 0.02, 0.08), "action": entry(10, -0.2, 0.2),
+                   "action_per_step": entry(TINY.horizon * 10, -0.2, 0.2)},
         "image": {"data/camera0_rgb": {"mean": [0.5, 0.5, 0.5], "std": [0.2, 0.2, 0.2]}},
     }
 
@@ -115,7 +116,7 @@ def test_each_prediction_type_trains_on_its_own_target_and_samples_the_chunk_it_
     policy = DiffusionPolicy(replace(TINY, prediction_type=kind))
     policy.fit_normalizers(fake_stats())
     data = batch()
-    clean = policy.action_normalizer.normalize(data["action"])
+    clean = policy.normalize_actions(data["action"])
     policy.denoiser = Oracle(policy, clean)
     policy.train()
     assert policy.compute_loss(data, torch.Generator().manual_seed(1)).item() < 1e-8
@@ -141,7 +142,7 @@ def test_min_max_sampling_clips_the_clean_chunk_to_the_training_range_and_mean_s
         policy.fit_normalizers(fake_stats())
         policy.denoiser = Oracle(policy, far)  # a denoiser sure of a chunk outside [-1, 1]
         predicted[mode] = policy.eval().predict_action(data, torch.Generator().manual_seed(2))
-        unclipped = policy.action_normalizer.unnormalize(far)
+        unclipped = policy.unnormalize_actions(far)
     # fake_stats' actions span [-0.2, 0.2] in every dimension: the chunk stops at their edge.
     assert torch.allclose(predicted["min_max"], 0.2 * far.sign(), atol=1e-5)
     assert torch.allclose(predicted["mean_std"], unclipped, atol=1e-3)  # +-0.3: beyond that range

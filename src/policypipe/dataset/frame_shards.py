@@ -19,7 +19,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
 
-from policypipe.dataset.image_codec import JpegCodec, decode_jpeg
+from policypipe.dataset.image_codec import CorruptFrameData, JpegCodec, decode_jpeg
 
 ABSENT = np.uint64(2**64 - 1)
 
@@ -132,7 +132,7 @@ class FrameShardReader:
                 f.seek(-(size + 4), os.SEEK_END)
                 raw = f.read(size + 4)
             if np.uint32(google_crc32c.value(raw[:size])).astype("<u4").tobytes() != raw[size:]:
-                raise ValueError(f"{path}: shard index checksum does not match (corrupt file; run policypipe verify)")
+                raise CorruptFrameData(f"{path}: shard index checksum does not match (corrupt file; run policypipe verify)")
             index = self._indexes[shard] = np.frombuffer(raw[:size], dtype="<u8").reshape(-1, 2)
         return index
 
@@ -142,7 +142,8 @@ class FrameShardReader:
             raise IndexError(f"frame {i} out of range 0..{self.shape[0] - 1}")
         try:
             return self._read(i)
-        except (OSError, ValueError) as exc:  # a missing or damaged file, a checksum, a JPEG decoder's verdict
+        # A missing or damaged file, a checksum, a JPEG decoder's verdict: never a bug's ValueError.
+        except (OSError, CorruptFrameData) as exc:
             raise UnreadableFrame(f"frame {i} of {self.array_dir}: {type(exc).__name__}: {exc}") from exc
 
     def _read(self, i: int) -> np.ndarray:

@@ -66,6 +66,10 @@ class JpegCodec(ArrayBytesCodec):
         raise NotImplementedError(f"{CODEC_NAME} output size depends on the image")
 
 
+class CorruptFrameData(ValueError):
+    """Stored bytes that cannot be a frame: not a JPEG, or a shard whose index checksum fails."""
+
+
 def encode_jpeg(rgb: np.ndarray, quality: int) -> bytes:
     ok, encoded = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
     if not ok:
@@ -76,5 +80,5 @@ def encode_jpeg(rgb: np.ndarray, quality: int) -> bytes:
 def decode_jpeg(data: np.ndarray) -> np.ndarray:
     bgr = cv2.imdecode(data, cv2.IMREAD_COLOR)
     if bgr is None:
-        raise ValueError(f"{CODEC_NAME}: a chunk of {len(data)} bytes is not a decodable JPEG")
+        raise CorruptFrameData(f"{CODEC_NAME}: a chunk of {len(data)} bytes is not a decodable JPEG")
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)

@@ -112,6 +112,8 @@ def _windowed(root: zarr.Group, episodes: list[int], window: WindowConfig, block
         w = streams.windows(anchors[start : start + block], window)
         yield {
             "action": w.action.reshape(-1, w.action.shape[-1]),
+            # Per horizon step (step-major, horizon x 10): near steps move far less than far ones.
+            "action_per_step": w.action.reshape(len(w.action), -1),
             "obs.eef_pose_rel": w.obs_pose.reshape(-1, w.obs_pose.shape[-1]),
             "obs.gripper_width": w.obs_width.reshape(-1, 1),
         }

@@ -2,9 +2,11 @@
 
 With f the dataset's `frequency_hz` and t an anchor frame's capture time (data/timestamp):
 
-- action step k (k = 0..horizon-1) is the pose and width at t + (k + 1) / f, the pose relative
-  to the pose at t. Step 0 is one period ahead (the identity at t itself is never predicted);
-  the first `n_action_steps` are executed.
+- action step k (k = 0..horizon-1) is the pose and width at t + (k + 1) / f, relative to the
+  pose and width at t: the width as the change from the current opening, as the pose is the
+  motion from the current pose (holding still is all zeros and identities). Step 0 is one
+  period ahead (the identity at t itself is never predicted); the first `n_action_steps` are
+  executed. To command a robot: target width = current width + action width.
 - observation step j (j = 0..n_obs_steps-1) is the pose and width at t - (n_obs_steps-1-j) / f
   (the last one is t itself), relative to the pose at t; its image is the episode's frame
   nearest that time, and how far that frame is from it is reported (`observation_frames`).
@@ -18,7 +20,8 @@ has at most `n_action_steps - 1` padded steps (`EpisodeStreams.anchors`): the la
 episode, whose futures would be mostly padding, are not trained on.
 
 A pose vector is 9 numbers: position in the anchor's gripper frame (3), and a 6D rotation, the
-first two columns of the rotation relative to the anchor's (6). An action is 10 (pose + width).
+first two columns of the rotation relative to the anchor's (6). An action is 10 (pose + width
+change); an observation is the pose (9) and the width itself (1).
 Shapes: `M` anchors, `O` observation steps, `H` action steps.
 """
 
@@ -92,7 +95,7 @@ class Windows:
     obs_width: np.ndarray  # (M, O, 1) metres
     obs_frames: np.ndarray  # (M, O) int64 frame index of each observation's image
     obs_image_offset_s: np.ndarray  # (M, O) capture time of that frame - the observation's time
-    action: np.ndarray  # (M, H, 10) relative pose and width
+    action: np.ndarray  # (M, H, 10) relative pose and the width's change from the anchor's
 
 
 class EpisodeStreams:
@@ -211,7 +214,7 @@ class EpisodeStreams:
             obs_width=width[:, :o, None],
             obs_frames=frames,
             obs_image_offset_s=image_offset,
-            action=np.concatenate([rel[:, o:], width[:, o:, None]], axis=-1),
+            action=np.concatenate([rel[:, o:], (width[:, o:] - width[:, o - 1 : o])[..., None]], axis=-1),
         )
 
     def _sample(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

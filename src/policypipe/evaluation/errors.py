@@ -2,7 +2,8 @@
 them (bootstrap confidence intervals over samples and seeds). Pure functions on arrays.
 
 An action chunk is (N, H, 10): per horizon step, position (3, metres) and 6D rotation (6)
-relative to the current gripper pose, and the gripper width (1, metres).
+relative to the current gripper pose, and the gripper width's change from the current width
+(1, metres); a width error is therefore the same as an error of the absolute width.
 """
 
 from __future__ import annotations
@@ -46,13 +47,11 @@ def summarize(errors: np.ndarray, n_action_steps: int) -> dict[str, Any]:
     }
 
 
-def hold_still(current_width: np.ndarray, horizon: int) -> np.ndarray:
-    """(N, H, 10): the current pose repeated (identity relative pose) with the current width."""
-    n = len(current_width)
-    chunk = np.zeros((n, horizon, 10))
+def hold_still(samples: int, horizon: int) -> np.ndarray:
+    """(N, H, 10): the current pose and width kept (identity relative pose, no width change)."""
+    chunk = np.zeros((samples, horizon, 10))
     chunk[..., 3] = 1.0  # first rotation column (1, 0, 0)
     chunk[..., 7] = 1.0  # second rotation column (0, 1, 0)
-    chunk[..., 9] = np.asarray(current_width).reshape(n, 1)
     return chunk
 
 
@@ -77,11 +76,12 @@ def constant_velocity(obs_pose: np.ndarray, obs_width: np.ndarray, horizon: int,
     """(N, T, 10): the last observed motion continued, a baseline that needs no learning.
 
     obs_pose (N, O, 9) and obs_width (N, O, 1) are the observation window, O >= 2: step j is
-    (O-1-j) frame intervals before the anchor and its pose is relative to the anchor (the last
-    step is the identity). Action step k is k+1 intervals after the anchor. The motion from the
+    (O-1-j) periods 1/f before the anchor and its pose is relative to the anchor (the last step
+    is the identity). Action step k is k+1 periods after the anchor. The motion from the
     previous observation to the anchor is a rigid transform D (the anchor's pose in the previous
     step's frame); repeating it as a constant body-frame twist gives step k = D^(k+1). The width
-    continues linearly, clipped to `width_range` (the training widths) when given.
+    continues linearly, clipped to `width_range` (the training widths) when given, and is
+    returned as the change from the current width, as actions are.
     """
     if obs_pose.shape[1] < 2:
         raise ValueError(f"constant velocity needs at least 2 observation steps, got {obs_pose.shape[1]}")
@@ -97,7 +97,7 @@ def constant_velocity(obs_pose: np.ndarray, obs_width: np.ndarray, horizon: int,
         chunk[:, k, :3], chunk[:, k, 3:9] = pos, rot6d(rot)
     current, previous = obs_width[:, -1, 0], obs_width[:, -2, 0]
     width = current[:, None] + (current - previous)[:, None] * np.arange(1, horizon + 1)[None]
-    chunk[..., 9] = np.clip(width, *width_range) if width_range is not None else width
+    chunk[..., 9] = (np.clip(width, *width_range) if width_range is not None else width) - current[:, None]
     return chunk
 
 

@@ -95,7 +95,7 @@ def baseline_chunks(samples: Samples, store: Path, stats: dict[str, Any], window
     obs_pose, obs_width = samples.batch["obs_pose"].double().numpy(), samples.batch["obs_width"].double().numpy()
     shape = (len(samples), window.horizon, 10)
     chunks = {
-        "hold_still": hold_still(obs_width[:, -1, 0], window.horizon),
+        "hold_still": hold_still(len(samples), window.horizon),
         "mean_motion": np.broadcast_to(mean_motion(store, stats["split"]["train"], window), shape),
     }
     omitted = {}

@@ -56,7 +56,9 @@ def write_eval_plots(store: Path, samples: Samples, chunks: dict[str, np.ndarray
                 world = pos[a] + chunk[:, :3] @ rot[a].T  # relative positions back to the world frame
                 top.plot(world[:n_action_steps, 0], world[:n_action_steps, 1], color=color, ls=style, lw=1, alpha=0.8)
                 t = stamps[a] + WindowConfig(horizon=len(chunk), n_action_steps=n_action_steps).action_offsets(frequency)
-                bottom.plot(t[:n_action_steps], 1000 * chunk[:n_action_steps, 9], color=color, ls=style, lw=1, alpha=0.8)
+                # Action widths are changes from the anchor's width.
+                bottom.plot(t[:n_action_steps], 1000 * (width[a] + chunk[:n_action_steps, 9]), color=color, ls=style,
+                            lw=1, alpha=0.8)
         top.set(title=f"episode {e}: top-down (m)", xlabel="x", ylabel="y")
         top.set_aspect("equal", adjustable="datalim")
         bottom.set(xlabel="time in episode (s)", ylabel="gripper width (mm)")

@@ -59,6 +59,11 @@ class PolicyConfig:
     # Low-dimensional normalization (normalizer.py): "min_max" to [-1, 1], with the predicted
     # clean chunk clipped to [-1, 1] while sampling, or "mean_std" (standardised, no clipping).
     normalization: str = "min_max"
+    # Actions normalised per horizon step (each step's own min/max or mean/std, stats.json's
+    # `action_per_step`) rather than with one range per dimension over the whole horizon: the
+    # next step moves a few millimetres, the last one centimetres, and one shared range would
+    # leave the executed near steps a small fraction of the denoiser's output scale.
+    normalize_actions_per_step: bool = True
     # What the denoiser regresses: the noise ("epsilon", as in the Diffusion Policy paper), the
     # clean chunk ("sample") or the velocity ("v_prediction", which is well conditioned at every
     # noise level; README, "Prediction type").

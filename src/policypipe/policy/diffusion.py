@@ -10,7 +10,7 @@ Batch layout, with B batch, O = n_obs_steps, T = horizon:
   obs_images   uint8 (B, O, H, W, 3)
   obs_pose     float (B, O, 9)  gripper poses relative to the current one (pos + 6D rotation)
   obs_width    float (B, O, 1)
-  action       float (B, T, 10) future poses relative to the current one, and width
+  action       float (B, T, 10) future poses relative to the current one, and the width's change
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class DiffusionPolicy(nn.Module):
         self.image_normalizer = ImageNormalizer()
         self.pose_normalizer = LowDimNormalizer(POSE_DIM, config.normalization)
         self.width_normalizer = LowDimNormalizer(1, config.normalization)
-        self.action_normalizer = LowDimNormalizer(ACTION_DIM, config.normalization)
+        action_dims = config.horizon * ACTION_DIM if config.normalize_actions_per_step else ACTION_DIM
+        self.action_normalizer = LowDimNormalizer(action_dims, config.normalization)
         self.encoder = ImageEncoder(
             config.encoder_widths, config.image_feature_dim, config.image_pooling, config.num_keypoints
         )
@@ -64,7 +65,13 @@ class DiffusionPolicy(nn.Module):
         """Loads the `stats` stage's statistics into the policy's own state."""
         self.pose_normalizer.fit(stats["lowdim"]["obs.eef_pose_rel"])
         self.width_normalizer.fit(stats["lowdim"]["obs.gripper_width"])
-        self.action_normalizer.fit(stats["lowdim"]["action"])
+        if self.config.normalize_actions_per_step:
+            if "action_per_step" not in stats["lowdim"]:
+                raise ValueError("the statistics have no per-step action entry (made by an older stats stage): "
+                                 "rerun `dvc repro stats`")
+            self.action_normalizer.fit(stats["lowdim"]["action_per_step"])
+        else:
+            self.action_normalizer.fit(stats["lowdim"]["action"])
         (image_stats,) = stats["image"].values()
         self.image_normalizer.fit(image_stats)
 
@@ -91,7 +98,7 @@ class DiffusionPolicy(nn.Module):
 
     def compute_loss(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
         cond = self.condition(batch, generator)
-        actions = self.action_normalizer.normalize(batch["action"])
+        actions = self.normalize_actions(batch["action"])
         device = actions.device
         noise = torch.randn(actions.shape, generator=generator, device="cpu").to(device)
         steps = torch.randint(0, self.config.num_train_timesteps, (len(actions),), generator=generator, device="cpu").to(device)
@@ -121,4 +128,15 @@ class DiffusionPolicy(nn.Module):
         for t in scheduler.timesteps:
             eps = self.denoiser(sample, torch.full((b,), int(t), device=cond.device), cond)
             sample = scheduler.step(eps, t, sample).prev_sample
-        return self.action_normalizer.unnormalize(sample)
+        return self.unnormalize_actions(sample)
+
+    def normalize_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """(B, T, 10) -> normalised, per horizon step and dimension or per dimension."""
+        if self.config.normalize_actions_per_step:
+            return self.action_normalizer.normalize(actions.flatten(-2)).view_as(actions)
+        return self.action_normalizer.normalize(actions)
+
+    def unnormalize_actions(self, normalized: torch.Tensor) -> torch.Tensor:
+        if self.config.normalize_actions_per_step:
+            return self.action_normalizer.unnormalize(normalized.flatten(-2)).view_as(normalized)
+        return self.action_normalizer.unnormalize(normalized)
