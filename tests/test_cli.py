@@ -95,6 +95,7 @@ def seeds(tmp_path_factory) -> tuple[Path, Path, list[Path]]:
 
     from policypipe.dataset.stats import StatsConfig, compute_statistics
     from policypipe.dataset.windows import WindowConfig
+    from policypipe.lineage.hashing import sha256_file
     from policypipe.policy.diffusion import DiffusionPolicy
     from policypipe.policy.export import save_policy
     from tests.training.conftest import MODEL
@@ -108,7 +109,7 @@ def seeds(tmp_path_factory) -> tuple[Path, Path, list[Path]]:
         torch.manual_seed(seed)
         policy = DiffusionPolicy(MODEL)
         policy.fit_normalizers(stats)
-        folders.append(save_policy(root / f"policy_seed{seed}", policy, {}))
+        folders.append(save_policy(root / f"policy_seed{seed}", policy, {"stats_sha256": sha256_file(root / "stats.json")}))
     return root / "ds.zarr", root / "stats.json", folders
 
 
@@ -145,3 +146,13 @@ def test_compare_refuses_one_seed_listed_twice(seeds, tmp_path: Path, capsys) ->
     code = compare(seeds, [str(seeds[2][0]), str(seeds[2][0])], tmp_path)
     err = capsys.readouterr().err
     assert code == 2 and "side A lists the same policy twice" in err
+
+
+def test_compare_refuses_a_policy_trained_with_other_statistics(seeds, tmp_path: Path, capsys) -> None:
+    # Other statistics mean another split: the "held-out" episodes may be ones it trained on.
+    other = tmp_path / "stats.json"
+    other.write_text(seeds[1].read_text().replace('"seed": 0', '"seed": 1', 1))
+    code = main(["compare", str(seeds[2][0]), "--dataset", str(seeds[0]), "--stats", str(other),
+                 "--params", str(tmp_path / "params.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2 and "was trained with statistics" in err and str(other) in err and "--stats" in err

@@ -123,7 +123,11 @@ def _smoke(args: argparse.Namespace) -> int:
             print(f"error: {path} not found: run `dvc repro stats` (or `dvc pull`) first", file=sys.stderr)
             return 2
     print(f"smoke: {args.steps} steps, interrupted at {max(1, args.steps // 2)} and resumed in a fresh process ...", flush=True)
-    report = run_smoke(args.dataset, args.stats, config, steps=args.steps)
+    try:
+        report = run_smoke(args.dataset, args.stats, config, steps=args.steps)
+    except ConfigError as exc:  # statistics made for other windows
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     gpu = f", peak GPU memory {report.peak_gpu_mb:.0f} MB" if report.peak_gpu_mb is not None else ""
     if report.ok:
         print(f"smoke OK: step, learning rate, loss and weights continue seamlessly after resuming ({report.comparison}); "
@@ -139,7 +143,8 @@ def _compare(args: argparse.Namespace) -> int:
     from policypipe.atomic import write_json_atomic
     from policypipe.config import ConfigError, from_mapping, read_section
     from policypipe.evaluation.evaluate import EvalConfig, compare_policies, comparison_table
-    from policypipe.policy.export import load_policy
+    from policypipe.lineage.hashing import sha256_file
+    from policypipe.policy.export import load_policy, require_trained_with
 
     sides = {"A": args.a} | ({"B": args.against} if args.against else {})
     # Each input checked up front: a path that is not there is named as missing, not reported as
@@ -162,6 +167,9 @@ def _compare(args: argparse.Namespace) -> int:
     try:
         config = from_mapping(EvalConfig, read_section(args.params, "eval"), "eval") if args.params.is_file() else EvalConfig()
         loaded = {name: [load_policy(p) for p in side] for name, side in sides.items()}
+        stats_sha256 = sha256_file(args.stats)
+        for path in (p for side in sides.values() for p in side):
+            require_trained_with(path, stats_sha256, args.stats)
         stats = json.loads(args.stats.read_text())
         result = compare_policies(loaded["A"], loaded.get("B"), args.dataset, stats, config)
     except (ConfigError, OSError, ValueError) as exc:

@@ -110,3 +110,15 @@ def test_the_stage_refuses_statistics_made_for_another_policy_section(dataset, t
     assert done.returncode == 2, done.stdout + done.stderr[-3000:]
     assert "'horizon': 8" in done.stderr and "'horizon': 16" in done.stderr and "dvc repro" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "train").exists()
+
+
+def test_training_refuses_statistics_made_for_another_policy_section_whoever_calls_it(dataset, tmp_path: Path) -> None:
+    """The library checks too: `policypipe smoke` and scripts call `train()` without the stage."""
+    from policypipe.training.loop import train, train_config_from_params
+
+    store, stats_path = dataset
+    config = train_config_from_params(*sections({}, {"horizon": 16}))  # the statistics are for horizon 8
+    with pytest.raises(ConfigError, match=r"'horizon': 8.*'horizon': 16"):
+        train(store=store, stats=json.loads(stats_path.read_text()), stats_sha256="0" * 64, config=config,
+              run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -48,3 +48,14 @@ def load_policy(folder: Path) -> DiffusionPolicy:
     policy = DiffusionPolicy(config)
     policy.load_state_dict(load_file(Path(folder) / "model.safetensors"))
     return policy.eval()
+
+
+def require_trained_with(folder: Path, stats_sha256: str, stats_path: Path) -> None:
+    """Refuses to evaluate a policy with statistics other than those it was trained with: their
+    split decides which episodes are held out, so others may hold episodes it trained on."""
+    recorded = json.loads((Path(folder) / "manifest.json").read_text()).get("lineage", {}).get("stats_sha256")
+    if recorded != stats_sha256:
+        raise ValueError(
+            f"policy {folder} was trained with statistics sha256 {str(recorded)[:12]}..., not with {stats_path} "
+            f"({stats_sha256[:12]}...): its validation episodes may not be held out for it; pass the statistics it "
+            "was trained with (--stats), or train it again on these (`dvc repro`)")

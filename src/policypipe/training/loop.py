@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from policypipe.atomic import MANIFEST, canonical_json, verify_folder, write_json_atomic
-from policypipe.config import ConfigError, from_mapping
+from policypipe.config import ConfigError, from_mapping, require_same_window
 from policypipe.dataset.windows import WindowConfig
 from policypipe.policy.config import PolicyConfig, unet_horizon_multiple
 from policypipe.policy.diffusion import DiffusionPolicy
@@ -310,6 +310,7 @@ def train(
     as an interruption would (the smoke check uses it). CPU work runs on `config.cpu_threads`
     threads; the process's own setting is restored on return.
     """
+    require_same_window(stats, asdict(config.window), "train.model (the [policy] section)")
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(config.cpu_threads)
     try:
