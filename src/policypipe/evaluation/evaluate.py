@@ -151,7 +151,7 @@ def evaluate(policy: DiffusionPolicy, store: Path, stats: dict[str, Any], config
     for name, why in omitted.items():
         log.warning("%s omitted: %s", name, why)
     errors = {name: chunk_errors(chunk, recorded) for name, chunk in chunks.items()}
-    executed = {name: {c: errs[c][:, : pc.n_action_steps].mean(axis=1) for c in COMPONENTS} for name, errs in errors.items()}
+    executed = {name: executed_errors(chunk, recorded, pc.n_action_steps) for name, chunk in chunks.items()}
 
     report: dict[str, Any] = {"samples": len(samples), "episodes": len(set(samples.episodes.tolist())),
                               "skipped_episodes": len(samples.skipped)}
@@ -177,11 +177,15 @@ def evaluate(policy: DiffusionPolicy, store: Path, stats: dict[str, Any], config
     report["ratio_to_best_baseline"] = {c: summary[c]["ratio_to_best_baseline"]["mean"] for c in COMPONENTS}
     report["ratio_to_best_baseline_ci95"] = {c: _low_high(summary[c]["ratio_to_best_baseline"]["ci95"]) for c in COMPONENTS}
     report["ci_covers"] = ci_scope({"policy": 1})
+    # The other-episodes gap as `policypipe compare` reports it (same bootstrap); the constant
+    # image, which compare leaves out, by a paired bootstrap over the samples.
     gaps = {}
-    for name, key in ((ABLATION_OTHER_EPISODES, "other_episodes"), (ABLATION_CONSTANT_IMAGE, "constant_image")):
-        if name in executed:
-            gap = executed[name]["position_mm"] - executed["policy"]["position_mm"]
-            gaps[key] = {"mean": float(gap.mean())} | _low_high(bootstrap_mean_ci(gap, config.seed, config.bootstrap_resamples))
+    if other is not None:
+        gap = summary["position_mm"]["camera_ablation_gap"]
+        gaps["other_episodes"] = {"mean": gap["mean"]} | _low_high(gap["ci95"])
+    constant_gap = executed[ABLATION_CONSTANT_IMAGE]["position_mm"] - executed["policy"]["position_mm"]
+    gaps["constant_image"] = {"mean": float(constant_gap.mean())} | _low_high(
+        bootstrap_mean_ci(constant_gap, config.seed, config.bootstrap_resamples))
     report["camera_ablation_gap_position_mm"] = gaps
     report["spread_mm"] = _spread(policy, samples, config)
     report["omitted"] = omitted
