@@ -156,3 +156,16 @@ def test_compare_refuses_a_policy_trained_with_other_statistics(seeds, tmp_path:
                  "--params", str(tmp_path / "params.yaml")])
     err = capsys.readouterr().err
     assert code == 2 and "was trained with statistics" in err and str(other) in err and "--stats" in err
+
+
+def test_compare_measures_a_sampling_choice_on_the_same_trained_policies(seeds, tmp_path: Path, capsys) -> None:
+    policies = [str(p) for p in seeds[2]]
+    code = compare(seeds, [*policies, "--against", *policies, "--sample-b", "timestep_spacing=leading",
+                           "--json", str(tmp_path / "out.json")], tmp_path)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["b_minus_a"]["position_mm"]["mean"] != 0  # other diffusion steps, other samples
+    code = compare(seeds, [*policies, "--against", *policies, "--sample-b", "normalization=mean_std"], tmp_path)
+    err = capsys.readouterr().err
+    assert code == 2 and "normalization changes what the policy learned" in err

@@ -144,7 +144,7 @@ def _compare(args: argparse.Namespace) -> int:
     from policypipe.config import ConfigError, from_mapping, read_section
     from policypipe.evaluation.evaluate import EvalConfig, compare_policies, comparison_table
     from policypipe.lineage.hashing import sha256_file
-    from policypipe.policy.export import load_policy, require_trained_with
+    from policypipe.policy.export import load_policy, require_trained_with, with_sampling
 
     sides = {"A": args.a} | ({"B": args.against} if args.against else {})
     # Each input checked up front: a path that is not there is named as missing, not reported as
@@ -167,6 +167,11 @@ def _compare(args: argparse.Namespace) -> int:
     try:
         config = from_mapping(EvalConfig, read_section(args.params, "eval"), "eval") if args.params.is_file() else EvalConfig()
         loaded = {name: [load_policy(p) for p in side] for name, side in sides.items()}
+        if args.sample_b:
+            if "B" not in loaded:
+                raise ValueError("--sample-b changes side B: give it with --against")
+            changes = _sampling_changes(args.sample_b)
+            loaded["B"] = [with_sampling(policy, **changes) for policy in loaded["B"]]
         stats_sha256 = sha256_file(args.stats)
         for path in (p for side in sides.values() for p in side):
             require_trained_with(path, stats_sha256, args.stats)
@@ -183,6 +188,22 @@ def _compare(args: argparse.Namespace) -> int:
         write_json_atomic(args.json, result)
         print(f"\nwritten: {args.json}")
     return 0
+
+
+def _sampling_changes(assignments: list[str]) -> dict[str, object]:
+    """["timestep_spacing=leading", "num_inference_steps=10"] -> typed values."""
+    changes: dict[str, object] = {}
+    for assignment in assignments:
+        key, sep, value = assignment.partition("=")
+        if not sep:
+            raise ValueError(f"--sample-b {assignment!r}: expected KEY=VALUE")
+        if key == "num_inference_steps":
+            if not value.isdigit():
+                raise ValueError(f"--sample-b {assignment!r}: num_inference_steps must be a whole number")
+            changes[key] = int(value)
+        else:
+            changes[key] = value
+    return changes
 
 
 def _lineage(args: argparse.Namespace) -> int:
@@ -288,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("a", type=Path, nargs="+", metavar="POLICY_A", help="side A: one policy folder per seed")
     p.add_argument("--against", type=Path, nargs="+", default=None, metavar="POLICY_B",
                    help="side B: one policy folder per seed")
+    p.add_argument("--sample-b", action="append", default=[], metavar="KEY=VALUE",
+                   help="side B samples this way (timestep_spacing, num_inference_steps): with the same folders on "
+                   "both sides, measures a sampling choice on trained policies")
     p.add_argument("--dataset", type=Path, default=Path("data/dataset.zarr"))
     p.add_argument("--stats", type=Path, default=Path("data/stats/stats.json"))
     p.add_argument("--params", type=Path, default=Path("params.yaml"))

@@ -9,7 +9,7 @@ and reads safetensors and JSON only: no pickled code runs.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,22 @@ def load_policy(folder: Path) -> DiffusionPolicy:
     policy = DiffusionPolicy(config)
     policy.load_state_dict(load_file(Path(folder) / "model.safetensors"))
     return policy.eval()
+
+
+# How a trained policy samples, not what it learned: these may differ from training's values.
+SAMPLING_FIELDS = ("timestep_spacing", "num_inference_steps")
+
+
+def with_sampling(policy: DiffusionPolicy, **changes: Any) -> DiffusionPolicy:
+    """The same weights sampling another way (DDIM spacing, step count), to measure such a choice
+    on trained policies without training again."""
+    unknown = sorted(set(changes) - set(SAMPLING_FIELDS))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} changes what the policy learned, not how it samples; "
+                         f"only {', '.join(SAMPLING_FIELDS)} can be changed after training")
+    other = DiffusionPolicy(replace(policy.config, **changes))
+    other.load_state_dict(policy.state_dict())
+    return other.eval()
 
 
 def require_trained_with(folder: Path, stats_sha256: str, stats_path: Path) -> None:
