@@ -210,6 +210,8 @@ def test_a_recording_at_another_rate_fails_before_writing_unless_resampled(tmp_p
         nearest = recorded[np.abs(recorded[:, None] - grid[None]).argmin(axis=0)]
         assert t_ns.tolist() == np.unique(nearest).tolist()
         assert np.abs(nearest - grid).max() / 1e6 <= record["resample_offset_ms"]["max"] + 1e-3 < 100
+        # The record describes the camera, measured on its own frames, not the frames kept on the grid.
+        assert record["frequency_hz"] == pytest.approx(15.0 if record["stem"] == "c_15hz" else 30.0, rel=0.01)
     assert result.metrics()["resample_offset_ms_max"] == max(r["resample_offset_ms"]["max"] for r in root.attrs[layout.ATTRS_EPISODES]) > 10
 
 

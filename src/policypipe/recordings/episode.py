@@ -96,14 +96,18 @@ class Episode:
     read_stopped: str | None = None
     # With convert.resample_hz: |capture time - grid time| of the frame chosen for each grid time.
     resample_offset_ns: np.ndarray | None = None
+    # The camera's own frames inside the pose and width span, before any resampling: its rate and
+    # drops are measured on them (the frames kept on a grid would show the grid and its jitter).
+    camera_ns: np.ndarray | None = None
 
     @property
     def frequency_hz(self) -> float:
-        return measured_frequency(self.capture_ns)
+        """The camera's rate, measured on its own frames."""
+        return measured_frequency(self.camera_ns if self.camera_ns is not None else self.capture_ns)
 
     @property
     def camera_gaps(self) -> int:
-        return missing_frames(self.capture_ns)
+        return missing_frames(self.camera_ns if self.camera_ns is not None else self.capture_ns)
 
 
 def frame_interval_ns(capture_ns: np.ndarray) -> float:
@@ -404,7 +408,7 @@ def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
         dropped["outside_pose_or_width_span"] += int((~inside).sum())
     order, t_cam = order[inside], t_cam[inside]
 
-    resample_offset_ns = None
+    resample_offset_ns, camera_ns = None, t_cam
     if config.resample_hz is not None and len(t_cam) >= 2:
         step = int(round(1e9 / config.resample_hz))
         grid = np.arange(t_cam[0], t_cam[-1] + 1, step, dtype=np.int64)
@@ -446,4 +450,5 @@ def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
         width_ns=width_t[width_kept],
         width_values=width[width_kept].astype(np.float64),
         resample_offset_ns=resample_offset_ns,
+        camera_ns=camera_ns,
     )
