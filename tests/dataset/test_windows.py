@@ -109,3 +109,10 @@ def test_step_zero_is_one_period_ahead_not_the_identity(tmp_path: Path) -> None:
     identity = np.array([0, 0, 0, 1, 0, 0, 0, 1, 0], dtype=np.float32)
     assert np.allclose(sample["obs_pose"][-1].numpy(), identity, atol=1e-6)  # the last observation is the anchor
     assert np.abs(sample["action"][0, :3].numpy()).max() > 1e-3  # the first action has moved on
+
+
+def test_a_dataset_of_the_previous_format_is_refused_saying_how_to_rebuild_it(tmp_path: Path) -> None:
+    root = make_store(tmp_path / "old.zarr", lengths=(20, 20))
+    root.attrs[layout.ATTRS_FORMAT] = 1  # frame-indexed windows, no recorded streams
+    with pytest.raises(ValueError, match=r"old\.zarr has format version 1.*dvc repro convert"):
+        EpisodeStreams.from_store(zarr.open_group(tmp_path / "old.zarr", mode="r"))

@@ -46,8 +46,9 @@ def split_episodes(groups: Sequence[str], seed: int, val_fraction: float) -> tup
     """(train, validation) episode indices, sorted and both non-empty; `groups[i]` is episode i's group."""
     distinct = sorted(set(groups))
     if len(distinct) < 2:
-        raise ValueError(f"the dataset has {len(groups)} episode(s) in {len(distinct)} group(s); "
-                         "a train/validation split needs at least 2")
+        raise ValueError(f"the dataset has {len(groups)} episode(s) in {len(distinct)} group(s); a train/validation "
+                         "split needs at least 2 (with stats.split_by: session, recordings in at least 2 session "
+                         "folders; or split by recording)")
     position = {g: group_fraction(seed, g) for g in distinct}
     held_out = {g for g in distinct if position[g] < val_fraction}
     if not held_out:

@@ -158,8 +158,8 @@ class EpisodeStreams:
         version = root.attrs.get(layout.ATTRS_FORMAT)
         if version != layout.FORMAT_VERSION:
             raise ValueError(
-                f"dataset format version {version}, this code reads version {layout.FORMAT_VERSION} "
-                "(it needs the recorded pose and width streams)"
+                f"dataset {root.store} has format version {version}, this code reads version {layout.FORMAT_VERSION} "
+                "(it needs the recorded pose and width streams): rebuild it with `dvc repro convert`"
             )
         return cls(
             frequency_hz=float(root.attrs[layout.ATTRS_FREQUENCY]),
