@@ -32,7 +32,6 @@ def test_each_keypoint_is_the_expected_position_of_its_softmax_map() -> None:
     assert torch.allclose(pool(features * 30), torch.tensor([[0.5, -1 / 3, -1.0, 1.0]]), atol=1e-6)
 
 
-@pytest.mark.parametrize("pooling", ["spatial_softmax", "average"])
 @pytest.mark.parametrize(
     ("widths", "crop", "feature_map"),
     [
@@ -41,25 +40,25 @@ def test_each_keypoint_is_the_expected_position_of_its_softmax_map() -> None:
         ((64, 128, 256, 512), (216, 216), (7, 7)),  # a 224 x 224 camera (tests/benchmarks/bench_train.py)
     ],
 )
-def test_feature_map_and_features_have_the_documented_sizes(pooling, widths, crop, feature_map) -> None:
+def test_feature_map_and_features_have_the_documented_sizes(widths, crop, feature_map) -> None:
     assert encoder_feature_map_size(crop, widths) == feature_map
-    encoder = ImageEncoder(widths, feature_dim=64, pooling=pooling, num_keypoints=32)
+    encoder = ImageEncoder(widths, feature_dim=64, num_keypoints=32)
     images = torch.randn(2, 3, crop[1], crop[0])
     with torch.no_grad():
         last = encoder.stages(encoder.stem(images))
         assert last.shape == (2, widths[-1], feature_map[1], feature_map[0])
-        assert encoder.pool(last).shape == (2, 2 * 32 if pooling == "spatial_softmax" else widths[-1])
+        assert encoder.pool(last).shape == (2, 2 * 32)
         assert encoder(images).shape == (2, 64)
 
 
 def test_feature_map_size_rounds_up_per_halving_for_a_non_square_crop() -> None:
-    encoder = ImageEncoder((16, 32), feature_dim=8, pooling="spatial_softmax", num_keypoints=4)
+    encoder = ImageEncoder((16, 32), feature_dim=8, num_keypoints=4)
     with torch.no_grad():
         last = encoder.stages(encoder.stem(torch.zeros(1, 3, 10, 14)))  # crop (width 14, height 10)
     assert encoder_feature_map_size((14, 10), (16, 32)) == (last.shape[-1], last.shape[-2]) == (2, 2)
 
 
 def test_spatial_softmax_on_a_one_by_one_map_is_refused_with_what_to_change() -> None:
-    with pytest.raises(ValueError, match="larger than 1x1.*use a larger crop, fewer stages or 'average'"):
+    with pytest.raises(ValueError, match="larger than 1x1.*use a larger crop or fewer stages"):
         PolicyConfig(image_size=(32, 32), crop_size=(32, 32), encoder_widths=(16, 32, 64, 128))
-    PolicyConfig(image_size=(32, 32), crop_size=(32, 32), encoder_widths=(16, 32, 64, 128), image_pooling="average")
+    PolicyConfig(image_size=(32, 32), crop_size=(32, 32), encoder_widths=(16, 32, 64))

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PREDICTION_TYPES = ("epsilon", "sample", "v_prediction")
-IMAGE_POOLINGS = ("spatial_softmax", "average")
 NORMALIZATIONS = ("min_max", "mean_std")
 TIMESTEP_SPACINGS = ("trailing", "leading")
 
@@ -34,10 +33,8 @@ class PolicyConfig:
     crop_size: tuple[int, int] = (88, 88)  # random crop in training, centre crop at inference
     encoder_widths: tuple[int, ...] = (64, 128, 256, 512)
     image_feature_dim: int = 256
-    # How the last feature map becomes a vector: "spatial_softmax" (Chi et al., after robomimic: a
-    # 1x1 convolution to num_keypoints maps, a softmax over positions, the expected (x, y) of each)
-    # or "average" (global average pooling, as an image classifier).
-    image_pooling: str = "spatial_softmax"
+    # The last feature map becomes spatial-softmax keypoints (Chi et al., after robomimic: a 1x1
+    # convolution to num_keypoints maps, a softmax over positions, the expected (x, y) of each).
     num_keypoints: int = 32
     # Denoiser: a conditional 1-D temporal U-Net with FiLM.
     down_dims: tuple[int, ...] = (256, 512, 1024)
@@ -86,16 +83,14 @@ class PolicyConfig:
                              f"{list(self.image_size)} in each dimension (width, height)")
         if any(w % 16 for w in self.encoder_widths):
             raise ValueError("encoder_widths must be multiples of 16 (GroupNorm uses 16 channels a group)")
-        if self.image_pooling not in IMAGE_POOLINGS:
-            raise ValueError(f"image_pooling must be one of {IMAGE_POOLINGS}, got {self.image_pooling!r}")
         if self.num_keypoints < 1:
             raise ValueError(f"num_keypoints must be >= 1, got {self.num_keypoints}")
         feature_map = encoder_feature_map_size(self.crop_size, self.encoder_widths)
-        if self.image_pooling == "spatial_softmax" and feature_map == (1, 1):
+        if feature_map == (1, 1):
             # A softmax over one position is 1 whatever the image: every keypoint would be constant.
-            raise ValueError(f"image_pooling 'spatial_softmax' needs a feature map larger than 1x1: crop_size "
+            raise ValueError(f"the spatial-softmax keypoints need a feature map larger than 1x1: crop_size "
                              f"{list(self.crop_size)} with {len(self.encoder_widths)} encoder_widths stages gives 1x1 "
-                             "(each stage after the first halves it); use a larger crop, fewer stages or 'average'")
+                             "(each stage after the first halves it); use a larger crop or fewer stages")
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
         if self.timestep_spacing not in TIMESTEP_SPACINGS:

@@ -40,7 +40,7 @@ class DiffusionPolicy(nn.Module):
         action_dims = config.horizon * ACTION_DIM if config.normalize_actions_per_step else ACTION_DIM
         self.action_normalizer = LowDimNormalizer(action_dims, config.normalization)
         self.encoder = ImageEncoder(
-            config.encoder_widths, config.image_feature_dim, config.image_pooling, config.num_keypoints
+            config.encoder_widths, config.image_feature_dim, config.num_keypoints
         )
         cond_dim = config.n_obs_steps * (config.image_feature_dim + POSE_DIM + 1)
         self.denoiser = ConditionalUnet1D(

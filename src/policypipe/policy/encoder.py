@@ -61,17 +61,10 @@ class SpatialSoftmax(nn.Module):
         return torch.stack([x, y], dim=-1).flatten(1)
 
 
-class GlobalAveragePool(nn.Module):
-    """(B, C, h, w) -> (B, C)."""
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return features.mean(dim=(-2, -1))
-
-
 class ImageEncoder(nn.Module):
     """(B, 3, H, W) normalised images -> (B, feature_dim)."""
 
-    def __init__(self, widths: tuple[int, ...], feature_dim: int, pooling: str, num_keypoints: int) -> None:
+    def __init__(self, widths: tuple[int, ...], feature_dim: int, num_keypoints: int) -> None:
         super().__init__()
         self.stem = nn.Sequential(
             nn.Conv2d(3, widths[0], 7, 2, 3, bias=False), _norm(widths[0]), nn.ReLU(), nn.MaxPool2d(3, 2, 1)
@@ -81,15 +74,8 @@ class ImageEncoder(nn.Module):
             stages += [BasicBlock(c_in, c_out, 1 if i == 0 else 2), BasicBlock(c_out, c_out, 1)]
             c_in = c_out
         self.stages = nn.Sequential(*stages)
-        if pooling == "spatial_softmax":
-            self.pool: nn.Module = SpatialSoftmax(widths[-1], num_keypoints)
-            pooled_dim = 2 * num_keypoints
-        elif pooling == "average":
-            self.pool = GlobalAveragePool()
-            pooled_dim = widths[-1]
-        else:
-            raise ValueError(f"pooling must be 'spatial_softmax' or 'average', got {pooling!r}")
-        self.head = nn.Linear(pooled_dim, feature_dim)
+        self.pool = SpatialSoftmax(widths[-1], num_keypoints)
+        self.head = nn.Linear(2 * num_keypoints, feature_dim)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.pool(self.stages(self.stem(images))))
