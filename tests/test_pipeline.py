@@ -65,7 +65,7 @@ def test_dataset_report_stats_and_verify_after_repro(pipeline_repo: Path) -> Non
     stats = json.loads((pipeline_repo / "data/stats/stats.json").read_text())
     assert report["episodes"] == 3 and report["train_episodes"] + report["val_episodes"] == 3
     assert report["fingerprint"] == stats["dataset_fingerprint"]["sha256"]
-    assert set(stats["lowdim"]) == {"action", "obs.eef_pose_rel", "obs.gripper_width"}
+    assert set(stats["lowdim"]) == {"action", "action_per_step", "obs.eef_pose_rel", "obs.gripper_width"}
     assert len(stats["lowdim"]["action"]["mean"]) == 10
     assert {p.name for p in (pipeline_repo / "metrics/plots/dataset").iterdir()} == {
         "episode_lengths.png", "paths_topdown.png", "gripper_width.png", "contact_sheet.png"

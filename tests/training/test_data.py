@@ -31,7 +31,8 @@ def test_samples_cover_only_the_chosen_episodes_with_edge_padding(tmp_path: Path
     assert torch.allclose(last_of_ep0["action"][3:], last_of_ep0["action"][3].expand(3, 10))
     assert not torch.allclose(last_of_ep0["action"][2], last_of_ep0["action"][3])
     width = root[layout.GRIPPER_WIDTH][:, 0]
-    assert torch.allclose(last_of_ep0["action"][3:, 9], torch.tensor(width[9]).float(), atol=1e-4)
+    # The width as the change from the anchor's (frame 5).
+    assert torch.allclose(last_of_ep0["action"][3:, 9], torch.tensor(width[9] - width[5]).float(), atol=1e-4)
     assert np.array_equal(ds[6]["obs_images"][1].numpy(), root[layout.RGB][22])  # episode 2 starts at frame 22
 
 
