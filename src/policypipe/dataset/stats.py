@@ -104,9 +104,8 @@ class _Histogram:
         return np.clip(out, self.lo, self.hi)
 
 
-def _windowed(root: zarr.Group, episodes: list[int], window: WindowConfig, block: int):
+def _windowed(streams: EpisodeStreams, episodes: list[int], window: WindowConfig, block: int):
     """Yields {name: (M, dim) float64 block} over every anchor frame of the given episodes."""
-    streams = EpisodeStreams.from_store(root)
     anchors, _ = streams.anchors(episodes, window)
     for start in range(0, len(anchors), block):
         w = streams.windows(anchors[start : start + block], window)
@@ -119,23 +118,22 @@ def _windowed(root: zarr.Group, episodes: list[int], window: WindowConfig, block
         }
 
 
-def observation_image_offsets(root: zarr.Group, episodes: list[int], window: WindowConfig) -> dict[str, Any]:
+def observation_image_offsets(streams: EpisodeStreams, episodes: list[int], window: WindowConfig) -> dict[str, Any]:
     """How far, per observation step (oldest first), the image is from the time its pose is
     sampled at: mean and max |capture time - observation time| over the anchors, in ms."""
-    streams = EpisodeStreams.from_store(root)
     anchors, _ = streams.anchors(episodes, window)
     _, offset = streams.observation_frames(anchors, window)
     ms = 1000 * np.abs(offset)
     return {"anchors": int(len(anchors)), "mean": np.round(ms.mean(axis=0), 3).tolist(), "max": np.round(ms.max(axis=0), 3).tolist()}
 
 
-def lowdim_statistics(root: zarr.Group, episodes: list[int], window: WindowConfig, config: StatsConfig) -> dict[str, dict]:
+def lowdim_statistics(streams: EpisodeStreams, episodes: list[int], window: WindowConfig, config: StatsConfig) -> dict[str, dict]:
     moments: dict[str, _Moments] = {}
-    for blk in _windowed(root, episodes, window, config.block_frames):
+    for blk in _windowed(streams, episodes, window, config.block_frames):
         for name, x in blk.items():
             moments.setdefault(name, _Moments(x.shape[1])).add(x)
     hists = {name: _Histogram(m.min, m.max, config.quantile_bins) for name, m in moments.items()}
-    for blk in _windowed(root, episodes, window, config.block_frames):
+    for blk in _windowed(streams, episodes, window, config.block_frames):
         for name, x in blk.items():
             hists[name].add(x)
     out = {}
@@ -180,6 +178,7 @@ def compute_statistics(root: zarr.Group, window: WindowConfig, config: StatsConf
     episodes = root.attrs[layout.ATTRS_EPISODES]
     train, val = split_episodes(episode_groups(episodes, config.split_by), config.seed, config.val_fraction)
     log.info("statistics over %d training episodes (%d held out)", len(train), len(val))
+    streams = EpisodeStreams.from_store(root)  # loaded and its interpolator built once, for every pass
     return {
         "split": {
             "rule": RULE,
@@ -192,8 +191,8 @@ def compute_statistics(root: zarr.Group, window: WindowConfig, config: StatsConf
             "val_stems": [episodes[i]["stem"] for i in val],
         },
         "window": {"n_obs_steps": window.n_obs_steps, "horizon": window.horizon, "n_action_steps": window.n_action_steps},
-        "lowdim": lowdim_statistics(root, train, window, config),
-        "observation_image_offset_ms": observation_image_offsets(root, train, window),
+        "lowdim": lowdim_statistics(streams, train, window, config),
+        "observation_image_offset_ms": observation_image_offsets(streams, train, window),
         "image": {layout.RGB: image_statistics(root, train, config.image_sample_frames)},
         "quantile_tolerance": "within one bin, (max - min) / quantile_bins, of the order statistics bracketing the quantile",
         "quantile_bins": config.quantile_bins,

@@ -94,7 +94,6 @@ class Windows:
     obs_pose: np.ndarray  # (M, O, 9) relative to the anchor
     obs_width: np.ndarray  # (M, O, 1) metres
     obs_frames: np.ndarray  # (M, O) int64 frame index of each observation's image
-    obs_image_offset_s: np.ndarray  # (M, O) capture time of that frame - the observation's time
     action: np.ndarray  # (M, H, 10) relative pose and the width's change from the anchor's
 
 
@@ -208,12 +207,11 @@ class EpisodeStreams:
         pos, rot, width = self._sample(self._clamped(anchors, offsets))  # (M, O + H, ...)
         o = window.n_obs_steps  # observation step o - 1 is the anchor itself
         rel = relative_poses(pos[:, o - 1], rot[:, o - 1], pos, rot)
-        frames, image_offset = self.observation_frames(anchors, window)
+        frames, _ = self.observation_frames(anchors, window)
         return Windows(
             obs_pose=rel[:, :o],
             obs_width=width[:, :o, None],
             obs_frames=frames,
-            obs_image_offset_s=image_offset,
             action=np.concatenate([rel[:, o:], (width[:, o:] - width[:, o - 1 : o])[..., None]], axis=-1),
         )
 
