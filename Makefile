@@ -25,8 +25,11 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip check
 	touch $(STAMP)
 
-# Recompile the lock from pyproject.toml (needs the environment: pip-tools is in it).
-lock: $(STAMP)
+# Recompile the lock from pyproject.toml.
+# Not after setup: setup checks the environment against pyproject.toml, which a new dependency
+# changes before the lock has it.
+lock:
+	test -x $(BIN)/pip-compile || { $(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install --quiet pip-tools; }
 	$(BIN)/pip-compile --quiet --extra dev --strip-extras --unsafe-package torch \
 		--no-emit-index-url --no-emit-find-links --output-file requirements.lock pyproject.toml
 

@@ -12,6 +12,7 @@ from common import fail, load_config, setup_logging
 from tqdm import tqdm
 
 from policypipe.atomic import write_json_atomic
+from policypipe.cluster.slurm import SlurmError
 from policypipe.dataset.convert import DatasetError, convert_dataset, converter_identity
 from policypipe.dataset.fingerprint import fingerprint
 from policypipe.lineage.provenance import StageRun
@@ -47,9 +48,15 @@ def main() -> None:
                 bar.update(1)
                 bar.set_postfix(frames_per_s=f"{frames / max(time.monotonic() - started, 1e-9):.0f}")
 
+            runner = None
+            if config.executor == "slurm":
+                from policypipe.cluster.convert_jobs import JOBS_FOLDER, SlurmConversion
+
+                runner = SlurmConversion(args.cache / JOBS_FOLDER)
             try:
-                result = convert_dataset(args.manifest, args.export, args.out, args.cache, config, progress)
-            except DatasetError as exc:
+                result = convert_dataset(args.manifest, args.export, args.out, args.cache, config, progress,
+                                         **({"runner": runner} if runner else {}))
+            except (DatasetError, SlurmError) as exc:
                 fail(str(exc))
         write_json_atomic(args.metrics, result.metrics())
         write_json_atomic(args.report, result.report())
@@ -58,6 +65,8 @@ def main() -> None:
     run.add_inputs([args.manifest])
     # The conversion cache's key besides recordings and params: the exact converter code and libraries.
     run.details["converter"] = converter_identity()
+    if runner is not None:  # which array tasks converted what, and how each ended
+        run.details["slurm_tasks"] = runner.attempts
     run.add_outputs([args.out, args.metrics, args.report])
     run.outputs[args.out.as_posix() + "#fingerprint"] = digest
     run.write(args.provenance)

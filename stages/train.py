@@ -16,6 +16,8 @@ from common import PARAMS_FILE, fail, setup_logging
 from tqdm import tqdm
 
 from policypipe.atomic import write_json_atomic
+from policypipe.cluster import slurm
+from policypipe.cluster.preemption import StopRequest
 from policypipe.config import ConfigError, read_section, require_same_window
 from policypipe.dataset import layout
 from policypipe.lineage.hashing import sha256_file, sha256_path
@@ -73,6 +75,33 @@ def relaunch(processes: int) -> None:
     sys.exit(subprocess.call(command))
 
 
+def submit_to_slurm(config, run_dir: Path) -> None:
+    """Runs this stage as one Slurm job (train.launcher: slurm), streaming its log; does not return.
+
+    The job runs this same command on each of its tasks, and there the stage trains. Requeued
+    after a preemption, it resumes from the checkpoint written on Slurm's warning signal.
+    """
+    try:
+        resources = slurm.local_resources(config.slurm)
+        print(f"Slurm: {slurm.check_reachable()}", file=sys.stderr)
+        job_id = slurm.run_stage_as_job(
+            [sys.executable, *sys.argv], cwd=Path.cwd(), folder=run_dir.parent / f"{run_dir.name}.slurm",
+            resources=resources, num_processes=config.num_processes, job_name="policypipe-train",
+            stdout=sys.stdout, stderr=sys.stderr)
+    except slurm.SlurmError as exc:
+        fail(str(exc))
+    print(f"Slurm job {job_id} finished", file=sys.stderr)
+    sys.exit(0)
+
+
+def segments_so_far() -> list[dict] | None:
+    """This Slurm job's segments (one per start or requeue), or None outside a Slurm launch."""
+    path = os.environ.get(slurm.SEGMENTS_ENV)
+    if not path or not Path(path).is_file():
+        return None
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dataset", type=Path, required=True)
@@ -90,7 +119,9 @@ def main() -> None:
     except ConfigError as exc:
         fail(str(exc))
     window = config.window
-    if config.num_processes > 1 and "WORLD_SIZE" not in os.environ:
+    if config.launcher == "slurm" and slurm.IN_ALLOCATION_ENV not in os.environ:
+        submit_to_slurm(config, args.run_dir)  # does not return
+    if config.launcher == "local" and config.num_processes > 1 and "WORLD_SIZE" not in os.environ:
         relaunch(config.num_processes)  # does not return
     rank = int(os.environ.get("RANK", "0"))
     stats = json.loads(args.stats.read_text())
@@ -103,16 +134,27 @@ def main() -> None:
         fail(f"train.model.image_size {list(config.model.image_size)} differs from the dataset's {list(image_size)}: "
              "set it to the dataset's (convert.image_size)")
 
+    if rank == 0 and (segments := os.environ.get(slurm.SEGMENTS_ENV)):
+        with open(segments, "a") as f:  # where this segment of the Slurm job runs, for the provenance
+            f.write(json.dumps(slurm.segment_record()) + "\n")
     started = time.monotonic()
     logger = Logger(config.steps, args.live, args.run_dir / "log.jsonl")
+    # Slurm's warning before a time limit (USR1) or a preemption (SIGTERM): checkpoint at the next
+    # step boundary and exit with the code that asks for a requeue.
+    stop = StopRequest().install()
     with StageRun("train", params={"train": asdict(config), "policy": asdict(window)}) as run:
         try:
             result = train(store=args.dataset, stats=stats, stats_sha256=sha256_file(args.stats), config=config,
-                           run_dir=args.run_dir, log_step=logger)
+                           run_dir=args.run_dir, log_step=logger, stop_requested=lambda: bool(stop))
         except CheckpointError as exc:
             fail(str(exc))
         finally:
             logger.close()
+            stop.uninstall()
+        if result.interrupted:
+            print(f"{stop.signal}: stopped at step {result.steps} with a checkpoint; rerun (or requeue) to continue",
+                  file=sys.stderr)
+            sys.exit(slurm.REQUEUE_EXIT_CODE)
         if rank != 0:
             return  # rank 0 alone writes the outputs
         fingerprint = stats["dataset_fingerprint"]["sha256"]
@@ -137,6 +179,8 @@ def main() -> None:
     run.inputs[args.dataset.as_posix() + "#fingerprint"] = fingerprint
     run.inputs[args.stats.as_posix()] = sha256_file(args.stats)
     run.outputs[args.policy.as_posix()] = sha256_path(args.policy)
+    if (segments := segments_so_far()) is not None:
+        run.details["slurm_segments"] = segments
     run.add_outputs([args.metrics])
     run.write(args.provenance)
     print(f"trained {result.steps} steps: val loss {metrics['val_loss_first']:.4f} -> best {metrics['val_loss_best']:.4f}, "

@@ -126,9 +126,10 @@ def recordings_from_manifest(manifest: dict[str, Any], export_root: Path) -> lis
 
 
 def conversion_params(config: ConvertConfig) -> dict[str, Any]:
-    """The params that determine the output (how many workers did it does not)."""
+    """The params that determine the output (how many workers did it, and where, do not)."""
     params = asdict(config)
-    params.pop("workers")
+    for where in ("workers", "executor", "slurm"):
+        params.pop(where)
     params["image_size"] = list(config.image_size)
     return params
 
@@ -158,7 +159,7 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
     record_path = cache_dir / f"{key}.json"
     if (cached := _cached_record(record_path)) is not None:
         return cached
-    record = _record_of(rec, key)
+    record = record_of(rec, key)
     try:
         episode = build_episode(read_streams(rec.vio_path, config.topics), config)
         if rec.expected_frames is not None and rec.expected_frames != episode.frames_in:
@@ -203,7 +204,7 @@ def _offset_summary_ms(offset_ns: np.ndarray | None) -> dict[str, float] | None:
     return {"mean": round(float(offset_ns.mean()) / 1e6, 3), "max": round(float(offset_ns.max()) / 1e6, 3)}
 
 
-def _record_of(rec: RecordingInput, key: str) -> dict[str, Any]:
+def record_of(rec: RecordingInput, key: str) -> dict[str, Any]:
     """What every record says of its recording, converted or excluded."""
     return {"stem": rec.stem, "folder": rec.folder, "vio_sha256": rec.vio_sha256, "truncated": rec.truncated, "key": key}
 
@@ -284,9 +285,15 @@ def _load_arrays(cache_dir: Path, key: str) -> dict[str, np.ndarray]:
         return {k: npz[k] for k in npz.files}
 
 
-def _convert_all(
-    inputs: list[RecordingInput], config: ConvertConfig, cache_dir: Path, progress: Callable[[dict], None] | None
+# How the recordings get converted into the cache: here in a process pool (convert_recordings),
+# or elsewhere (policypipe.cluster.convert_jobs: Slurm array tasks) into the same cache.
+Runner = Callable[[list[RecordingInput], ConvertConfig, Path, Callable[[dict], None] | None], list[dict[str, Any]]]
+
+
+def convert_recordings(
+    inputs: list[RecordingInput], config: ConvertConfig, cache_dir: Path, progress: Callable[[dict], None] | None = None
 ) -> list[dict[str, Any]]:
+    """Every recording into the cache by `config.workers` processes; their records in order."""
     # Always in worker processes, even one: a recording that kills its process (the kernel's
     # out-of-memory killer, a crash inside a decoder) must not take the stage with it.
     workers = min(config.workers or os.cpu_count() or 1, max(len(inputs), 1))
@@ -319,7 +326,7 @@ def _convert_in_own_process(rec: RecordingInput, config: ConvertConfig, cache_di
         except BrokenProcessPool:
             log.error("%s: the conversion process died", rec.vio_path)
     # Not cached: a machine with more memory, or a fixed decoder, tries again.
-    return _record_of(rec, cache_key(rec, config)) | {
+    return record_of(rec, cache_key(rec, config)) | {
         "excluded": "worker_died",
         "detail": "the process converting it died (killed by the system, e.g. out of memory, or a crash inside a "
         "decoder); check the machine's memory and the recording",
@@ -327,10 +334,11 @@ def _convert_in_own_process(rec: RecordingInput, config: ConvertConfig, cache_di
 
 
 def _convert_all_or_disk_full(
-    inputs: list[RecordingInput], config: ConvertConfig, cache_dir: Path, progress: Callable[[dict], None] | None
+    inputs: list[RecordingInput], config: ConvertConfig, cache_dir: Path, progress: Callable[[dict], None] | None,
+    runner: Runner,
 ) -> list[dict[str, Any]]:
     try:
-        return _convert_all(inputs, config, cache_dir, progress)
+        return runner(inputs, config, cache_dir, progress)
     except DiskFullError as exc:
         # Scale what the failed entry needed to every recording not converted yet.
         todo = [r for r in inputs if not (cache_dir / f"{cache_key(r, config)}.json").is_file()]
@@ -402,14 +410,18 @@ def convert_dataset(
     cache_dir: Path,
     config: ConvertConfig,
     progress: Callable[[dict], None] | None = None,
+    runner: Runner = convert_recordings,
 ) -> ConversionResult:
+    """The store at `out_path` from the manifest's recordings, through the cache; `runner`
+    converts what the cache lacks (the store is assembled here either way, so its bytes do not
+    depend on where the conversion ran)."""
     manifest = json.loads(Path(manifest_path).read_text())
     inputs = recordings_from_manifest(manifest, Path(export_root))
     if not inputs:
         raise DatasetError(f"{manifest_path} lists no recordings: nothing to convert (see the pair stage's report)")
     cache_dir = _current_cache(Path(cache_dir))
 
-    records = _convert_all_or_disk_full(inputs, config, cache_dir, progress)
+    records = _convert_all_or_disk_full(inputs, config, cache_dir, progress, runner)
     episodes = [r for r in records if "excluded" not in r]
     excluded = [r for r in records if "excluded" in r]
     if not episodes:

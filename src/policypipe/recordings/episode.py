@@ -21,6 +21,7 @@ import cv2
 import numpy as np
 from scipy.spatial.transform import Rotation, Slerp
 
+from policypipe.cluster.resources import SlurmArrayConfig
 from policypipe.recordings.h264 import Verdict, check_references
 from policypipe.recordings.streams import RecordingError, Streams, Topics
 
@@ -53,6 +54,10 @@ class ConvertConfig:
     min_frames: int = 32
     # Parallel conversion processes (0: all cores).
     workers: int = 0
+    # local: a process pool on this machine; slurm: array tasks on the cluster (`slurm`), which
+    # fill the same cache. Neither changes the output.
+    executor: Literal["local", "slurm"] = "local"
+    slurm: SlurmArrayConfig = SlurmArrayConfig()
 
     def __post_init__(self) -> None:
         w, h = self.image_size

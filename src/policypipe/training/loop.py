@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from policypipe.atomic import MANIFEST, canonical_json, verify_folder, write_json_atomic
+from policypipe.cluster.resources import SlurmAllocationConfig
 from policypipe.config import ConfigError, from_mapping, require_same_window
 from policypipe.dataset.windows import WindowConfig
 from policypipe.policy.config import PolicyConfig, unet_horizon_multiple
@@ -82,6 +83,10 @@ class TrainConfig:
     checkpoint_every: int = 200
     keep_top_k: int = 2
     num_processes: int = 1
+    # local: this machine (num_processes > 1: relaunched with torch's launcher); slurm: the stage
+    # submits itself as one job of num_processes processes over slurm.nodes nodes.
+    launcher: Literal["local", "slurm"] = "local"
+    slurm: SlurmAllocationConfig = field(default_factory=SlurmAllocationConfig)
     # Where checkpoints go when data/train cannot be written (disk full, quota); null: nowhere.
     # A resume considers its checkpoints too, and takes the newest of this setup.
     fallback_dir: str | None = None
@@ -113,6 +118,14 @@ class TrainConfig:
                 f"batch_size {self.batch_size} must be divisible by grad_accum x num_processes "
                 f"({self.grad_accum} x {self.num_processes})"
             )
+        if self.launcher == "slurm":
+            per_node, rest = divmod(self.num_processes, self.slurm.nodes)
+            if rest or per_node == 0:
+                raise ValueError(f"num_processes {self.num_processes} must be a multiple of slurm.nodes {self.slurm.nodes} "
+                                 "(the same number of processes on every node)")
+            if self.slurm.gpus_per_node not in (0, per_node):
+                raise ValueError(f"slurm.gpus_per_node {self.slurm.gpus_per_node} must be 0 (CPU processes) or the "
+                                 f"processes per node, num_processes / slurm.nodes = {per_node} (one process a GPU)")
         if self.mixed_precision not in ("no", "bf16"):
             raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
         for name in ("ema_inv_gamma", "ema_power"):
@@ -133,7 +146,7 @@ class TrainConfig:
         # grad_accum splits the same samples into smaller micro-batches (the out-of-memory
         # fallback changes it); a resumed run keeps the accumulation its checkpoint was made with.
         for key in ("num_workers", "fallback_dir", "val_every", "val_batches", "checkpoint_every", "keep_top_k",
-                    "grad_accum", "min_device_batch"):
+                    "grad_accum", "min_device_batch", "launcher", "slurm"):
             values.pop(key)
         model = values.pop("model")
         values |= {f"model.{k}": v for k, v in model.items()}
@@ -275,6 +288,8 @@ class TrainResult:
     checkpoint_warnings: list[str]
     policy: DiffusionPolicy  # the EMA weights: what is evaluated and exported
     oom_adjustments: list[str] = field(default_factory=list)
+    # Stopped early on request (a stop signal): `latest` holds the state, a rerun continues it.
+    interrupted: bool = False
 
 
 # Out-of-memory errors this many steps into a (re)start are met by a smaller micro-batch, on
@@ -301,13 +316,16 @@ def train(
     run_dir: Path,
     log_step: Callable[[dict[str, float]], None] | None = None,
     stop_after: int | None = None,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> TrainResult:
     """Trains to `config.steps`, resuming `run_dir` when it holds an unfinished run of this setup.
 
     Out of memory in the first steps: the per-device batch is halved and the accumulation
     doubled (the batch per optimizer step is kept) down to `min_device_batch`, and the
     adjustment is recorded. `stop_after` ends the run early at that step with `latest` saved,
-    as an interruption would (the smoke check uses it). CPU work runs on `config.cpu_threads`
+    as an interruption would (the smoke check uses it); so does `stop_requested()` turning true
+    on any process (Slurm's warning signal), at the next step boundary, every process at the
+    same one, and the result says `interrupted`. CPU work runs on `config.cpu_threads`
     threads; the process's own setting is restored on return.
     """
     require_same_window(stats, asdict(config.window), "train.model (the [policy] section)")
@@ -315,7 +333,8 @@ def train(
     torch.set_num_threads(config.cpu_threads)
     try:
         return _train_backing_off(store=store, stats=stats, stats_sha256=stats_sha256, config=config,
-                                  run_dir=run_dir, log_step=log_step, stop_after=stop_after)
+                                  run_dir=run_dir, log_step=log_step, stop_after=stop_after,
+                                  stop_requested=stop_requested)
     finally:
         torch.set_num_threads(previous_threads)  # the caller's process setting, as it was
 
@@ -351,6 +370,7 @@ def _train_once(
     run_dir: Path,
     log_step: Callable[[dict[str, float]], None] | None = None,
     stop_after: int | None = None,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> TrainResult:
     from accelerate import Accelerator
     from accelerate.utils import gather_object
@@ -424,6 +444,7 @@ def _train_once(
     samples = 0
     loss_value = float("nan")
     done = start_step
+    interrupted = False
     for step in range(start_step, config.steps):
         t0 = time.perf_counter()
         for _ in range(config.grad_accum):
@@ -449,10 +470,15 @@ def _train_once(
 
         record = {"step": done, "train_loss": loss_value, "lr": schedule.get_last_lr()[0],
                   "samples_per_s": samples / max(busy_s, 1e-9), "data_wait_fraction": wait_s / max(busy_s, 1e-9)}
-        stopping = done == stop_after
-        checkpointing = done % config.checkpoint_every == 0 or done == config.steps or stopping
-        # Every checkpoint gets a validation loss: the top-k are chosen by it.
-        if done % config.val_every == 0 or checkpointing or done == 1:
+        if stop_requested is not None and done < config.steps:
+            interrupted = _any_process(accelerator, stop_requested())
+        stopping = done == stop_after or interrupted
+        scheduled = done % config.checkpoint_every == 0 or done == config.steps
+        checkpointing = scheduled or stopping
+        # Every scheduled checkpoint gets a validation loss: the top-k are chosen by it. An
+        # interruption's checkpoint is only `latest`, to continue from: no validation there, so
+        # an interrupted and resumed run keeps the history (and top-k) of an uninterrupted one.
+        if done % config.val_every == 0 or scheduled or done == 1:
             record["val_loss"] = validation_loss(ema, val_batches, accelerator.device, config.seed)
             history.val.append((done, record["val_loss"]))
         if is_main and log_step is not None:
@@ -467,7 +493,7 @@ def _train_once(
                 model=accelerator.unwrap_model(policy).state_dict(), ema=ema.state_dict(),
                 optimizer=optimizer.state_dict(), trainer=trainer | {"rng": plain_rng}, rng_tensors=rng_tensors,
             )
-            warnings += _save_all(snapshot, checkpoints, history, config, run_dir)
+            warnings += _save_all(snapshot, checkpoints, history, config, run_dir, ranked=scheduled)
         accelerator.wait_for_everyone()
         if stopping:
             break
@@ -480,7 +506,17 @@ def _train_once(
         best_val_loss=min((v for _, v in history.val), default=None),
         last_train_loss=loss_value, samples_per_s=samples / max(busy_s, 1e-9),
         data_wait_fraction=wait_s / max(busy_s, 1e-9), checkpoint_warnings=warnings, policy=ema,
+        interrupted=interrupted,
     )
+
+
+def _any_process(accelerator, flag: bool) -> bool:
+    """True on every process if `flag` is true on any (a signal reaches each at its own time)."""
+    if accelerator.num_processes == 1:
+        return flag
+    value = torch.tensor([float(flag)], device=accelerator.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 def _backward_agreeing_on_memory(accelerator, policy, batch: dict[str, torch.Tensor], generator: torch.Generator) -> torch.Tensor:
@@ -657,12 +693,14 @@ def _resume_point(run_dir: Path, fallback_dir: str | None, identity: RunIdentity
     return _ResumePoint(None, None, replace_run_dir=True)
 
 
-def _save_all(snapshot: TrainingState, checkpoints: Path, history: _History, config: TrainConfig, run_dir: Path) -> list[str]:
-    """latest, and a top-k slot named for the validation loss; a failed write keeps training going."""
+def _save_all(snapshot: TrainingState, checkpoints: Path, history: _History, config: TrainConfig, run_dir: Path,
+              ranked: bool = True) -> list[str]:
+    """latest, and (if `ranked`) a top-k slot named for the validation loss; a failed write keeps
+    training going."""
     warnings = []
     targets = [checkpoints / LATEST]
     step = snapshot.trainer["step"]
-    current = next((v for s, v in reversed(history.val) if s == step), None)
+    current = next((v for s, v in reversed(history.val) if s == step), None) if ranked else None
     if current is not None and config.keep_top_k > 0:
         worst = max(history.top_k)[0] if len(history.top_k) >= config.keep_top_k else math.inf
         if current < worst:

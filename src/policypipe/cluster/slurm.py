@@ -1,0 +1,313 @@
+"""Slurm through submitit: submit, wait (streaming a log), collect outcomes, cancel on Ctrl-C.
+
+submitit writes the sbatch script, pickles the call, runs it in the allocation and pickles its
+result; it learns a job's state from `sacct`, which needs Slurm's accounting database. Many
+small clusters run without one, so the waiting here asks `squeue` instead (every cluster has
+it): a job is running while squeue lists it, and its outcome is submitit's result file, or the
+lack of one (killed, node failure, out of memory, time limit).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import submitit
+from submitit.core.utils import pickle_load
+
+from policypipe.cluster.resources import with_local_values
+
+log = logging.getLogger(__name__)
+
+# The exit code of a training process that checkpointed on Slurm's warning signal and wants its
+# job requeued (EX_TEMPFAIL: "try again later").
+REQUEUE_EXIT_CODE = 75
+# Set in the allocation: the stage runs there, it does not submit itself again.
+IN_ALLOCATION_ENV = "POLICYPIPE_IN_ALLOCATION"
+# Where each segment of a requeued training job records its job id, nodes and GPUs.
+SEGMENTS_ENV = "POLICYPIPE_SLURM_SEGMENTS"
+CLIENT_TOOLS = ("sbatch", "squeue", "scancel", "scontrol")
+
+
+class SlurmError(RuntimeError):
+    """Slurm cannot be used, or a job failed; the message says which and what to do."""
+
+
+def local_resources(config: Any) -> Any:
+    """A stage's `slurm` params with the untracked file's cluster-specific values (resources.LOCAL_FILE)."""
+    try:
+        return with_local_values(config)
+    except (ValueError, OSError) as exc:
+        raise SlurmError(str(exc)) from None
+
+
+def check_reachable(timeout_s: float = 20) -> str:
+    """The cluster's name for the messages, or SlurmError saying what is missing."""
+    missing = [tool for tool in CLIENT_TOOLS if shutil.which(tool) is None]
+    if missing:
+        raise SlurmError(f"{', '.join(missing)} not found on PATH: this machine is not a Slurm submit node. "
+                         "Run the stage on one, or set the executor/launcher back to local in params.yaml")
+    try:
+        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"`scontrol ping` did not answer within {timeout_s:.0f} s: is slurmctld up?") from None
+    if done.returncode != 0 or "UP" not in done.stdout:
+        raise SlurmError(f"Slurm's controller does not answer (`scontrol ping`: {(done.stdout + done.stderr).strip()}); "
+                         "check SLURM_CONF and that slurmctld runs")
+    return done.stdout.strip()
+
+
+def make_executor(
+    folder: Path,
+    *,
+    job_name: str,
+    partition: str | None,
+    account: str | None,
+    qos: str | None,
+    cpus_per_task: int,
+    mem_gb: float,
+    time_min: int,
+    nodes: int = 1,
+    tasks_per_node: int = 1,
+    gpus_per_node: int = 0,
+    array_parallelism: int | None = None,
+    signal_before_end_s: int | None = None,
+    environment: dict[str, str] | None = None,
+) -> submitit.SlurmExecutor:
+    """A submitit executor; the job runs this interpreter (a virtualenv on a shared filesystem)."""
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
+    extra: dict[str, Any] = {"requeue": True} if signal_before_end_s else {}
+    if signal_before_end_s:
+        # USR1 to every task of the job, this long before the time limit (submitit's own default
+        # is USR2, handled by submitit; policypipe's training handles USR1 itself).
+        extra["signal"] = f"USR1@{signal_before_end_s}"
+    if account:
+        extra["account"] = account
+    setup = [f"export {key}={value}" for key, value in (environment or {}).items()]
+    executor.update_parameters(
+        job_name=job_name, time=time_min, nodes=nodes, ntasks_per_node=tasks_per_node, cpus_per_task=cpus_per_task,
+        mem=f"{max(1, round(mem_gb * 1024))}M", stderr_to_stdout=False, additional_parameters=extra, setup=setup,
+        **({"partition": partition} if partition else {}), **({"qos": qos} if qos else {}),
+        **({"gpus_per_node": gpus_per_node} if gpus_per_node else {}),
+        **({"array_parallelism": array_parallelism} if array_parallelism else {}),
+    )
+    return executor
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    state: str  # PENDING, RUNNING, COMPLETING, ...
+    reason: str
+
+
+def queued_jobs() -> dict[str, QueuedJob]:
+    """This user's jobs that Slurm still holds, by submitit's job id ("123" or "123_4" for an
+    array task). Asking by user, not by id: squeue refuses ids it has already forgotten."""
+    user = pwd.getpwuid(os.getuid()).pw_name
+    for attempt in range(5):
+        done = subprocess.run(["squeue", "-h", "-r", "-u", user, "-o", "%F|%K|%T|%r"], capture_output=True, text=True,
+                              timeout=60)
+        if done.returncode == 0:
+            break
+        # A busy controller answers later; a job must not be taken for finished meanwhile.
+        log.warning("squeue failed (%s), asking again", done.stderr.strip())
+        time.sleep(2 * (attempt + 1))
+    else:
+        raise SlurmError(f"squeue keeps failing: {done.stderr.strip()}")
+    jobs = {}
+    for line in done.stdout.splitlines():
+        array_id, task, state, reason = line.split("|", 3)
+        jobs[array_id if task in ("N/A", "") else f"{array_id}_{task}"] = QueuedJob(state, reason)
+    return jobs
+
+
+def cancel(jobs: Iterable[submitit.Job]) -> None:
+    ids = sorted({job.job_id.split("_")[0] for job in jobs})
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
+        log.warning("cancelled Slurm job(s) %s", ", ".join(ids))
+
+
+class LogTail:
+    """Copies what a job writes to its log files to this process's streams, as it comes."""
+
+    def __init__(self, pairs: Sequence[tuple[Path, TextIO]]) -> None:
+        self.pairs = list(pairs)
+        self.offsets = [0] * len(self.pairs)
+
+    def poll(self) -> None:
+        for i, (path, sink) in enumerate(self.pairs):
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue
+            if size < self.offsets[i]:  # truncated: a new segment of a requeued job
+                self.offsets[i] = 0
+            if size == self.offsets[i]:
+                continue
+            with open(path, "rb") as f:
+                f.seek(self.offsets[i])
+                data = f.read(size - self.offsets[i])
+            self.offsets[i] = size
+            sink.write(data.decode(errors="replace"))
+            sink.flush()
+
+
+def wait(
+    jobs: Sequence[submitit.Job],
+    *,
+    on_finished: Callable[[submitit.Job], None] | None = None,
+    tail: LogTail | None = None,
+    poll_s: float = 1.0,
+) -> None:
+    """Blocks until Slurm holds none of `jobs`; Ctrl-C (or any error here) cancels them all.
+
+    A job requeued after a preemption waits in Slurm for a fixed two minutes (its begin time)
+    before it may start again; for our own requeued jobs that hold is lifted, so a run
+    continues as soon as the cluster has room.
+    """
+    remaining = {job.job_id: job for job in jobs}
+    released: set[str] = set()
+    try:
+        while remaining:
+            queued = queued_jobs()
+            for job_id in list(remaining):
+                entry = queued.get(job_id)
+                if entry is None:
+                    job = remaining.pop(job_id)
+                    if on_finished is not None:
+                        on_finished(job)
+                elif entry.state == "PENDING" and entry.reason == "BeginTime" and job_id not in released:
+                    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True,
+                                   timeout=60)
+                    released.add(job_id)
+                    log.info("job %s was requeued: lifted Slurm's requeue hold", job_id)
+                elif entry.state == "RUNNING":
+                    released.discard(job_id)
+            if tail is not None:
+                tail.poll()
+            if remaining:
+                time.sleep(poll_s)
+        if tail is not None:
+            tail.poll()
+    except BaseException:
+        cancel(remaining.values())
+        raise
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    value: Any  # the call's return value, or why there is none
+
+
+def outcome(job: submitit.Job) -> Outcome:
+    """What a finished job left: its result, the exception it raised, or nothing (killed)."""
+    path = job.paths.result_pickle
+    if not path.exists():
+        return Outcome(False, f"Slurm job {job.job_id} ended without a result (killed, out of memory, time limit or "
+                              f"node failure); its log: {job.paths.stderr}")
+    kind, value = pickle_load(path)
+    if kind == "success":
+        return Outcome(True, value)
+    lines = [line for line in str(value).strip().splitlines() if line.strip()]
+    return Outcome(False, f"Slurm job {job.job_id} failed: {lines[-1] if lines else value}; its log: {job.paths.stderr}")
+
+
+# ---------------------------------------------------------------- a stage inside its allocation
+
+
+def rendezvous_port(job_id: str) -> int:
+    """A port for torch.distributed's rendezvous that two jobs on one node rarely share."""
+    return 20_000 + int(job_id) % 20_000
+
+
+def run_stage_in_allocation(command: list[str], cwd: str, max_requeues: int) -> None:
+    """The body of a training job, on every task: the stage's own command as one process of a
+    process group spanning the allocation (rank and world from Slurm, rank 0's node the
+    rendezvous). Exit code REQUEUE_EXIT_CODE means "checkpointed on Slurm's warning": the job is
+    requeued and, started again, resumes from that checkpoint."""
+    env = submitit.JobEnvironment()
+    child_env = os.environ | {IN_ALLOCATION_ENV: "1"}
+    if env.num_tasks > 1:
+        child_env |= {
+            "RANK": str(env.global_rank), "WORLD_SIZE": str(env.num_tasks), "LOCAL_RANK": str(env.local_rank),
+            "LOCAL_WORLD_SIZE": str(env.num_tasks // env.num_nodes), "MASTER_ADDR": env.hostnames[0],
+            "MASTER_PORT": str(rendezvous_port(env.raw_job_id)),
+        }
+    child = subprocess.Popen(command, cwd=cwd, env=child_env)
+
+    def forward(signum: int, _frame: Any) -> None:
+        # Slurm signals the job's processes; the stage may also be out of its reach (a process group).
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(signum, forward)
+    code = child.wait()
+    if code == REQUEUE_EXIT_CODE:
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        if restarts >= max_requeues:
+            raise SlurmError(f"training was preempted after {restarts} requeues (train.slurm.max_requeues): "
+                             "rerun the stage to continue from its checkpoint")
+        if env.global_rank == 0:
+            subprocess.run(["scontrol", "requeue", env.raw_job_id], check=True, timeout=60)
+        # No result is written: the job is not over, Slurm runs it again.
+        sys.exit(REQUEUE_EXIT_CODE)
+    if code != 0:
+        raise SlurmError(f"{' '.join(command)} exited with code {code} on {env.hostname} (rank {env.global_rank})")
+
+
+def segment_record() -> dict[str, Any]:
+    """Where this segment of a Slurm job runs (provenance: one record per segment)."""
+    keys = {"job_id": "SLURM_JOB_ID", "restart_count": "SLURM_RESTART_COUNT", "nodes": "SLURM_JOB_NODELIST",
+            "tasks": "SLURM_NTASKS", "gpus_on_node": "SLURM_GPUS_ON_NODE", "cuda_visible_devices": "CUDA_VISIBLE_DEVICES",
+            "partition": "SLURM_JOB_PARTITION"}
+    record: dict[str, Any] = {name: os.environ.get(var) for name, var in keys.items()}
+    record["restart_count"] = int(record["restart_count"] or 0)
+    record["host"] = os.uname().nodename
+    record["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return record
+
+
+def run_stage_as_job(
+    command: list[str],
+    *,
+    cwd: Path,
+    folder: Path,
+    resources: Any,
+    num_processes: int,
+    job_name: str,
+    stdout: TextIO,
+    stderr: TextIO,
+) -> str:
+    """Submits `command` as one job of `num_processes` tasks over `resources.nodes` nodes (a
+    SlurmAllocationConfig), streams rank 0's log and blocks until the job is over, requeues
+    included. Returns the job id; a failed job raises SlurmError with its log's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    segments = folder / "segments.jsonl"
+    segments.unlink(missing_ok=True)  # a new job: its own segments only
+    executor = make_executor(
+        folder, job_name=job_name, partition=resources.partition, account=resources.account, qos=resources.qos,
+        cpus_per_task=resources.cpus_per_task, mem_gb=resources.mem_gb, time_min=resources.time_min,
+        nodes=resources.nodes, tasks_per_node=num_processes // resources.nodes, gpus_per_node=resources.gpus_per_node,
+        signal_before_end_s=resources.signal_before_end_s, environment={SEGMENTS_ENV: str(segments)},
+    )
+    job = executor.submit(run_stage_in_allocation, command, str(cwd), resources.max_requeues)
+    log.info("submitted Slurm job %s (%d process(es) on %d node(s)); its files: %s", job.job_id, num_processes,
+             resources.nodes, folder)
+    wait([job], tail=LogTail([(job.paths.stdout, stdout), (job.paths.stderr, stderr)]))
+    result = outcome(job)
+    if not result.ok:
+        raise SlurmError(result.value)
+    return job.job_id

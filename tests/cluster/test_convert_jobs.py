@@ -1,0 +1,134 @@
+"""`convert.executor: slurm` against a real one-node Slurm: the same dataset bytes as a local
+run, a killed array task retried, a recording whose task always dies reported, the rest kept."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import set_params
+from tests.workspace import run
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+SLURM = {"cpus_per_task": 1, "mem_gb": 1, "time_min": 10, "recordings_per_task": 2, "max_concurrent": 2, "retries": 2}
+
+
+def convert(repo: Path, out: str, cache: str) -> dict:
+    run(repo, "python", "stages/convert.py", "--manifest", "data/manifest.json", "--export", "data/raw",
+        "--out", out, "--cache", cache, "--metrics", f"{out}.metrics.json", "--report", f"{out}.report.json",
+        "--provenance", f"{out}.provenance.json")
+    return json.loads((repo / f"{out}.provenance.json").read_text())
+
+
+def files(store: Path) -> dict[str, bytes]:
+    return {p.relative_to(store).as_posix(): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
+
+
+def test_slurm_array_gives_the_same_dataset_bytes_as_local(slurm_cluster, paired_repo: Path) -> None:
+    set_params(paired_repo, "convert", executor="local")
+    local = convert(paired_repo, "data/local.zarr", "data/cache-local")
+    set_params(paired_repo, "convert", executor="slurm", slurm=SLURM)
+    on_slurm = convert(paired_repo, "data/slurm.zarr", "data/cache-slurm")
+
+    assert files(paired_repo / "data/slurm.zarr") == files(paired_repo / "data/local.zarr")
+    tasks = on_slurm["details"]["slurm_tasks"]
+    assert len(tasks) == 2 and all(t["ok"] for t in tasks)  # 4 recordings, 2 a task
+    assert sorted(stem for t in tasks for stem in t["recordings"]) == [f"rec_000{i}" for i in range(1, 5)]
+    assert "slurm_tasks" not in local["details"]
+
+
+def slurm_processes() -> list[tuple[int, dict[str, str], str]]:
+    """(pid, environment, kernel wait channel) of every process that runs for a Slurm job here."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            raw = (proc / "environ").read_bytes().decode(errors="replace")
+            wchan = (proc / "wchan").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        env = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+        if "SLURM_JOB_ID" in env:
+            found.append((int(proc.name), env, wchan))
+    return found
+
+
+def submitit_id(env: dict[str, str]) -> str:
+    """The job id as submitit names it (and its log files): "A_T" for an array task."""
+    if "SLURM_ARRAY_TASK_ID" in env:
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env["SLURM_JOB_ID"]
+
+
+def kill_stuck_tasks(jobs: Path, stems: dict[str, list[str]], stop: threading.Event, on_kill) -> None:
+    """SIGKILLs every process of each Slurm task stuck opening a FIFO, as the out-of-memory killer
+    or a node failure would, noting under which recording's stem (from the task's log) it died.
+    A FIFO blocks its reader until a writer comes (the kernel names that wait
+    `wait_for_partner`), so the task is certainly running, and stuck, when it is killed."""
+    done: set[str] = set()
+    while not stop.is_set():
+        processes = slurm_processes()
+        for job_id in {submitit_id(env) for _, env, wchan in processes if wchan == "wait_for_partner"} - done:
+            logs = list(jobs.rglob(f"{job_id}_0_log.err"))
+            text = logs[0].read_text(errors="replace") if logs else ""
+            stem = next((s for s in stems if f"converting {s}" in text), None)
+            if stem is None:
+                continue  # its log is not written yet
+            for pid, env, _ in processes:
+                if submitit_id(env) == job_id:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            done.add(job_id)
+            stems[stem].append(job_id)
+            on_kill(stem)
+        time.sleep(0.2)
+
+
+def test_a_killed_task_is_retried_and_a_recording_that_always_kills_its_task_is_reported(slurm_cluster, paired_repo: Path) -> None:
+    set_params(paired_repo, "convert", executor="slurm", slurm=SLURM)
+    manifest = json.loads((paired_repo / "data/manifest.json").read_text())
+    recordings = [paired_repo / "data/raw" / r["files"]["vio"]["path"] for r in manifest["recordings"]]
+    flaky, doomed = recordings[1], recordings[2]
+    kept_aside = flaky.with_name("flaky.real")
+    shutil.copy2(flaky, kept_aside)
+    for fifo in (flaky, doomed):
+        fifo.unlink()
+        os.mkfifo(fifo)
+
+    flaky_stem, doomed_stem = (p.name.removesuffix("_vio.mcap") for p in (flaky, doomed))
+    killed: dict[str, list[str]] = {flaky_stem: [], doomed_stem: []}
+
+    def on_kill(stem: str) -> None:
+        if stem == flaky_stem and kept_aside.exists():
+            os.replace(kept_aside, flaky)  # the flaky recording's retry finds its real file
+
+    stop = threading.Event()
+    watcher = threading.Thread(target=kill_stuck_tasks, args=(paired_repo / "data/cache-fail/slurm-jobs", killed, stop,
+                                                              on_kill), daemon=True)
+    watcher.start()
+    try:
+        provenance = convert(paired_repo, "data/fail.zarr", "data/cache-fail")
+    finally:
+        stop.set()
+        watcher.join()
+
+    report = json.loads((paired_repo / "data/fail.zarr.report.json").read_text())
+    kept = sorted(ep["stem"] for ep in report["episodes"])
+    assert kept == sorted(r.name.removesuffix("_vio.mcap") for r in recordings if r != doomed)
+    [excluded] = report["excluded"]
+    assert excluded["stem"] == doomed_stem
+    assert excluded["excluded"] == "slurm_task_failed" and "3 time(s)" in excluded["detail"]
+    assert len(killed[flaky_stem]) == 1 and len(killed[doomed_stem]) == 3  # the first try and both retries
+    attempts = provenance["details"]["slurm_tasks"]
+    assert [a["ok"] for a in attempts if excluded["stem"] in a["recordings"]] == [False, False, False]
+    assert max(a["attempt"] for a in attempts) == 2
