@@ -1,0 +1,86 @@
+"""`train.launcher: slurm` against a real one-node Slurm: `dvc repro train` submits the stage as
+a job and streams its log; Slurm's warning signal (USR1) part-way makes training checkpoint,
+the job requeues and resumes, and the policy is bitwise the one of an uninterrupted local run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import set_params
+from tests.workspace import checkout_copy, env, run
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+SHORT = {"steps": 40, "batch_size": 8, "val_every": 10, "val_batches": 1, "checkpoint_every": 10, "num_workers": 2}
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    """A checkout with the pipeline run up to `stats` on 3 sample recordings."""
+    repo = checkout_copy(tmp_path_factory.mktemp("checkout"))
+    run(repo, "policypipe", "sample", "data/raw", "--recordings", "3", "--seed", "7")
+    run(repo, "dvc", "add", "--quiet", "data/raw")
+    run(repo, "dvc", "repro", "stats")
+    set_params(repo, "train", **SHORT)
+    return repo
+
+
+def last_step(log: Path) -> int:
+    try:
+        lines = log.read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
+def our_job() -> str | None:
+    out = subprocess.run(["squeue", "-h", "-n", "policypipe-train", "-o", "%i|%T"], capture_output=True, text=True).stdout
+    running = [line.split("|")[0] for line in out.splitlines() if line.endswith("|RUNNING")]
+    return running[0] if running else None
+
+
+def test_usr1_part_way_checkpoints_requeues_and_ends_with_the_uninterrupted_weights(slurm_cluster, repo: Path) -> None:
+    run(repo, "dvc", "repro", "train")
+    uninterrupted = (repo / "data/policy/model.safetensors").read_bytes()
+    set_params(repo, "train", launcher="slurm", slurm={"cpus_per_task": 2, "mem_gb": 2, "time_min": 30})
+
+    log = repo / "data/train/log.jsonl"
+    log.unlink()  # the local run's: the job's own log tells how far it is
+    stage = subprocess.Popen(["dvc", "repro", "train"], cwd=repo, env=env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(stage.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    while (last_step(log) < 15 or our_job() is None) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    job = our_job()
+    assert job is not None, "".join(output)
+    signalled_at = time.monotonic()
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    stopped_at = None
+    while stage.poll() is None and time.monotonic() < deadline:
+        if stopped_at is None and "SIGUSR1: stopped at step" in "".join(output):
+            stopped_at = last_step(log)
+        if stopped_at is not None and last_step(log) > stopped_at:
+            break
+        time.sleep(0.2)
+    resumed_after_s = time.monotonic() - signalled_at
+    assert stage.wait(timeout=300) == 0, "".join(output)
+    reader.join()
+    text = "".join(output)
+
+    assert (repo / "data/policy/model.safetensors").read_bytes() == uninterrupted
+    assert stopped_at is not None and 15 <= stopped_at < SHORT["steps"], text
+    assert f"Slurm job {job} finished" in text  # the stage waited for the job, its log streamed here
+    provenance = json.loads((repo / "metrics/provenance/train.json").read_text())
+    segments = provenance["details"]["slurm_segments"]
+    assert [s["restart_count"] for s in segments] == [0, 1] and {s["job_id"] for s in segments} == {job}
+    assert all(s["nodes"] and s["host"] for s in segments)
+    print(f"USR1 at step >= 15: stopped at step {stopped_at}, training again {resumed_after_s:.1f} s after the signal")
