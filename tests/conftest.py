@@ -79,3 +79,18 @@ def pipeline_repo(tmp_path_factory) -> Path:
     run(repo, "git", "add", "-A")
     run(repo, "git", "commit", "-qm", "results of dvc repro")
     return repo
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """A real OpenSSH server on loopback (tests/sshd.py), for the remote tests."""
+    from tests.sshd import ensure_sshd, start_sshd
+
+    problem = ensure_sshd()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(problem)  # CI runs as root and can install it: a skip there would hide the tests
+        pytest.skip(problem)
+    server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.stop()

@@ -5,29 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.sshd import CuttingProxy, LoopbackSshd, ensure_sshd, keygen, start_sshd
+from tests.sshd import CuttingProxy, LoopbackSshd, keygen
 from tests.workspace import env, run, run_failing
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory) -> LoopbackSshd:
-    problem = ensure_sshd()
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(problem)  # CI runs as root and can install it: a skip there would hide the tests
-        pytest.skip(problem)
-    server = start_sshd(tmp_path_factory.mktemp("sshd"))
-    yield server
-    server.stop()
 
 
 def url(server: LoopbackSshd, folder: Path, port: int | None = None) -> str:
