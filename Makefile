@@ -52,8 +52,10 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.bench_stats
 	$(BIN)/python -m tests.benchmarks.bench_train
 
-# Before committing GPUs: a few real steps, interrupted and resumed in a fresh process.
+# Before committing GPUs: the machine checked (policypipe doctor), then a few real steps,
+# interrupted and resumed in a fresh process.
 smoke: $(STAMP)
+	$(BIN)/policypipe doctor
 	$(BIN)/policypipe smoke
 
 # An SSH remote for dvc push/pull, made the default (README, "Remotes"):

@@ -254,6 +254,37 @@ def _remote_check(args: argparse.Namespace) -> int:
     return 0 if result.ok else 3
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    import json
+
+    from policypipe import doctor
+    from policypipe.config import ConfigError, read_section
+    from policypipe.training.loop import train_config_from_params
+
+    repo = Path.cwd()
+    try:
+        config = train_config_from_params(read_section(repo / "params.yaml", "train"), read_section(repo / "params.yaml", "policy"))
+        convert = read_section(repo / "params.yaml", "convert")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # What the run writes: latest and the top-k checkpoints, one more while one is being written;
+    # the dataset too where it is not there yet (its size from the last conversion's metrics).
+    needed = {"checkpoints": (config.keep_top_k + 2) * doctor.checkpoint_bytes(config)}
+    metrics = repo / "metrics/convert.json"
+    if not (repo / "data/dataset.zarr").exists() and metrics.is_file():
+        m = json.loads(metrics.read_text())
+        needed["dataset"] = int(m.get("frames", 0) * m.get("bytes_per_frame", 0))
+    checks = [doctor.check_gpus, doctor.check_gpu_processes, lambda: doctor.check_disk(repo, needed),
+              lambda: doctor.check_lock(repo / "requirements.lock"), lambda: doctor.check_remote(repo, args.known_hosts)]
+    if config.launcher == "slurm" or convert.get("executor") == "slurm":
+        checks.append(doctor.check_slurm)
+    results = doctor.run_checks(checks)
+    for result in results:
+        print(result.line())
+    return 1 if any(r.status == "fail" for r in results) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="policypipe",
@@ -317,6 +348,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the full result as JSON")
     p.set_defaults(func=_compare)
+
+    p = sub.add_parser("doctor", help="check this machine before a run: GPUs, leftover GPU processes, disk, packages, "
+                       "remote, Slurm", description="Read-only checks, run from the repository root: GPUs visible and "
+                       "their free memory; your processes still holding GPU memory (listed with PID and command, never "
+                       "killed); free disk against the checkpoints (and dataset) the run will write; the lock against "
+                       "what is installed; the default DVC remote (SSH: reachable with a known host key); Slurm, when "
+                       "convert.executor or train.launcher is slurm. Exit status 1 if any check fails.")
+    p.add_argument("--known-hosts", type=Path, default=Path.home() / ".ssh" / "known_hosts")
+    p.set_defaults(func=_doctor)
 
     p = sub.add_parser("lineage", help="where a policy, checkpoint or dataset came from, down to each recording",
                        description="Walk back from a policy, a checkpoint or the dataset through the stages' provenance "

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
+import subprocess
 import shutil
 import threading
 import time
@@ -15,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import set_params
-from tests.workspace import run
+from tests.sshd import free_port
+from tests.workspace import env, run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -132,3 +135,14 @@ def test_a_killed_task_is_retried_and_a_recording_that_always_kills_its_task_is_
     attempts = provenance["details"]["slurm_tasks"]
     assert [a["ok"] for a in attempts if excluded["stem"] in a["recordings"]] == [False, False, False]
     assert max(a["attempt"] for a in attempts) == 2
+
+
+def test_doctor_checks_slurm_when_an_executor_is_slurm(slurm_cluster, paired_repo: Path, tmp_path: Path) -> None:
+    set_params(paired_repo, "convert", executor="slurm", slurm=SLURM)
+    assert "OK   slurm: Slurmctld(primary) at" in run(paired_repo, "policypipe", "doctor")
+    # The same cluster's configuration, its controller's port one where nothing listens.
+    down = tmp_path / "slurm.conf"
+    down.write_text(re.sub(r"SlurmctldPort=\d+", f"SlurmctldPort={free_port()}", slurm_cluster.conf.read_text()))
+    gone = env() | {"SLURM_CONF": str(down)}
+    done = subprocess.run(["policypipe", "doctor"], cwd=paired_repo, env=gone, capture_output=True, text=True)
+    assert done.returncode == 1 and "FAIL slurm: Slurm's controller does not answer" in done.stdout
