@@ -385,3 +385,24 @@ def test_out_of_memory_on_one_of_two_processes_backs_off_on_both_instead_of_hang
     assert len(finished) == 2 and all("steps 6" in line for line in finished)
     assert all("out of memory at 4 samples per device: retrying with 2 and grad_accum 2" in line for line in finished)
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "latest").trainer["grad_accum"] == 2
+
+
+def test_a_stop_request_checkpoints_off_schedule_and_the_resumed_run_matches_the_uninterrupted_one(dataset, tmp_path: Path) -> None:
+    """Slurm's warning signal sets the request; here it is set once step 5 is logged, so it is
+    honoured at the end of step 6, off the schedule of checkpoints and validations (every 4)."""
+    straight = run_training(dataset, tmp_path / "straight")
+    store, stats_path = dataset
+    steps_seen: list[int] = []
+    interrupted = train(store=store, stats=json.loads(stats_path.read_text()), stats_sha256="s" * 64, config=CONFIG,
+                        run_dir=tmp_path / "run", log_step=lambda r: steps_seen.append(r["step"]),
+                        stop_requested=lambda: bool(steps_seen) and steps_seen[-1] >= 5)
+    assert interrupted.interrupted and interrupted.steps == 6
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "latest").trainer["step"] == 6
+    resumed = run_training(dataset, tmp_path / "run")
+    assert resumed.resumed_from == 6 and not resumed.interrupted
+    assert all(torch.equal(a, b) for a, b in zip(weights(tmp_path / "straight").values(), weights(tmp_path / "run").values()))
+    # No validation and no top-k slot at the interruption: the history is the uninterrupted run's.
+    assert (tmp_path / "run" / "history.json").read_text() == (tmp_path / "straight" / "history.json").read_text()
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == \
+        sorted(p.name for p in (tmp_path / "straight" / "checkpoints").iterdir())
+    assert straight.steps == resumed.steps
