@@ -44,10 +44,9 @@ def set_params(repo: Path, section: str, **values) -> None:
 
 @pytest.fixture(scope="module")
 def paired_repo(tmp_path_factory) -> Path:
-    """A checkout with 4 sample recordings in data/raw, paired (data/manifest.json)."""
+    """A checkout with 4 sample recordings in data/raw (tracked by DVC), paired by `dvc repro pair`."""
     repo = checkout_copy(tmp_path_factory.mktemp("checkout"))
     run(repo, "policypipe", "sample", "data/raw", "--recordings", "4", "--seed", "3")
-    run(repo, "python", "stages/pair.py", "--export", "data/raw", "--manifest", "data/manifest.json",
-        "--report", "metrics/pair_report.json", "--metrics", "metrics/pair.json",
-        "--provenance", "metrics/provenance/pair.json")
+    run(repo, "dvc", "add", "--quiet", "data/raw")
+    run(repo, "dvc", "repro", "pair")
     return repo

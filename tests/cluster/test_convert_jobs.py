@@ -37,16 +37,18 @@ def files(store: Path) -> dict[str, bytes]:
 
 
 def test_slurm_array_gives_the_same_dataset_bytes_as_local(slurm_cluster, paired_repo: Path) -> None:
-    set_params(paired_repo, "convert", executor="local")
-    local = convert(paired_repo, "data/local.zarr", "data/cache-local")
+    """As README, "Cluster (Slurm)": the executor set in params.yaml, then `dvc repro`."""
+    run(paired_repo, "dvc", "repro", "convert")
+    local = files(paired_repo / "data/dataset.zarr")
+    shutil.rmtree(paired_repo / "data/convert_cache")  # the array tasks convert every recording anew
     set_params(paired_repo, "convert", executor="slurm", slurm=SLURM)
-    on_slurm = convert(paired_repo, "data/slurm.zarr", "data/cache-slurm")
+    shown = run(paired_repo, "dvc", "repro", "convert")
 
-    assert files(paired_repo / "data/slurm.zarr") == files(paired_repo / "data/local.zarr")
-    tasks = on_slurm["details"]["slurm_tasks"]
+    assert "Running stage 'convert'" in shown
+    assert files(paired_repo / "data/dataset.zarr") == local
+    tasks = json.loads((paired_repo / "metrics/provenance/convert.json").read_text())["details"]["slurm_tasks"]
     assert len(tasks) == 2 and all(t["ok"] for t in tasks)  # 4 recordings, 2 a task
     assert sorted(stem for t in tasks for stem in t["recordings"]) == [f"rec_000{i}" for i in range(1, 5)]
-    assert "slurm_tasks" not in local["details"]
 
 
 def slurm_processes() -> list[tuple[int, dict[str, str], str]]:
@@ -146,3 +148,29 @@ def test_doctor_checks_slurm_when_an_executor_is_slurm(slurm_cluster, paired_rep
     gone = env() | {"SLURM_CONF": str(down)}
     done = subprocess.run(["policypipe", "doctor"], cwd=paired_repo, env=gone, capture_output=True, text=True)
     assert done.returncode == 1 and "FAIL slurm: Slurm's controller does not answer" in done.stdout
+
+
+def test_ctrl_c_of_the_stage_cancels_its_jobs(slurm_cluster, paired_repo: Path) -> None:
+    set_params(paired_repo, "convert", executor="slurm", slurm=SLURM)
+    manifest = json.loads((paired_repo / "data/manifest.json").read_text())
+    stuck = paired_repo / "data/raw" / manifest["recordings"][0]["files"]["vio"]["path"]
+    aside = stuck.with_name("stuck.real")
+    os.replace(stuck, aside)
+    os.mkfifo(stuck)  # its task waits there until cancelled
+    try:
+        stage = subprocess.Popen(
+            ["python", "stages/convert.py", "--manifest", "data/manifest.json", "--export", "data/raw", "--out",
+             "data/ctrl-c.zarr", "--cache", "data/cache-ctrl-c", "--metrics", "m.json", "--report", "r.json",
+             "--provenance", "p.json"], cwd=paired_repo, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not any(wchan == "wait_for_partner" for _, _, wchan in slurm_processes()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert any(wchan == "wait_for_partner" for _, _, wchan in slurm_processes()), "no task got to the recording"
+        stage.send_signal(signal.SIGINT)
+        _, stderr = stage.communicate(timeout=120)
+    finally:
+        os.replace(aside, stuck)
+    assert stage.returncode != 0 and "cancelled Slurm job" in stderr
+    queued = subprocess.run(["squeue", "-h", "-n", "policypipe-convert"], capture_output=True, text=True).stdout
+    assert queued.strip() == "" or all(" CG " in line for line in queued.splitlines())  # gone, or completing
+    assert not (paired_repo / "data/ctrl-c.zarr").exists()

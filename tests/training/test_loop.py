@@ -406,3 +406,27 @@ def test_a_stop_request_checkpoints_off_schedule_and_the_resumed_run_matches_the
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == \
         sorted(p.name for p in (tmp_path / "straight" / "checkpoints").iterdir())
     assert straight.steps == resumed.steps
+
+
+# A stop signal that reaches rank 1 before rank 0 (signals arrive at each process at its own time):
+# rank 1 asks from its second step boundary on, rank 0 never does.
+STOP_ON_RANK_1_ONLY = TWO_PROCESS_SCRIPT.replace(
+    "stats = json.loads(Path(sys.argv[2]).read_text())",
+    "boundaries = []\n"
+    "def stop_requested():\n"
+    "    boundaries.append(1)\n"
+    "    return os.environ['RANK'] == '1' and len(boundaries) >= 2\n"
+    "stats = json.loads(Path(sys.argv[2]).read_text())",
+).replace("run_dir=Path(run_dir), stop_after=stop_after)",
+          "run_dir=Path(run_dir), stop_after=stop_after, stop_requested=stop_requested)")
+
+
+def test_a_stop_request_on_one_rank_stops_both_at_the_same_step_and_resumes_exactly(dataset, tmp_path: Path) -> None:
+    assert "stop_requested=stop_requested" in STOP_ON_RANK_1_ONLY
+    stopped = run_two_processes(dataset, [(tmp_path / "resumed", None)], script=STOP_ON_RANK_1_ONLY)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr[-3000:]
+    assert stopped.stdout.count("resumed_from None steps 2") == 2  # both ranks, at the same boundary
+    second = run_two_processes(dataset, [(tmp_path / "straight", None), (tmp_path / "resumed", None)])
+    assert second.returncode == 0, second.stdout + second.stderr[-3000:]
+    assert second.stdout.count("resumed_from 2 steps 6") == 2
+    assert all(torch.equal(a, b) for a, b in zip(weights(tmp_path / "straight").values(), weights(tmp_path / "resumed").values()))
