@@ -81,16 +81,21 @@ def pipeline_repo(tmp_path_factory) -> Path:
     return repo
 
 
+def require_installed(problem: str | None) -> None:
+    """Skips the test when a server it needs (sshd, Slurm) is missing and cannot be installed;
+    fails instead under CI, which runs as root and can install it: a skip there would hide tests."""
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(problem)
+        pytest.skip(problem)
+
+
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
     """A real OpenSSH server on loopback (tests/sshd.py), for the remote tests."""
     from tests.sshd import ensure_sshd, start_sshd
 
-    problem = ensure_sshd()
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(problem)  # CI runs as root and can install it: a skip there would hide the tests
-        pytest.skip(problem)
+    require_installed(ensure_sshd())
     server = start_sshd(tmp_path_factory.mktemp("sshd"))
     yield server
     server.stop()

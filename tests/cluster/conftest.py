@@ -8,17 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import require_installed
 from tests.slurm import LoopbackSlurm, ensure_slurm, start_slurm
 from tests.workspace import checkout_copy, run
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory) -> LoopbackSlurm:
-    problem = ensure_slurm()
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(problem)  # CI runs as root and can install it: a skip there would hide the tests
-        pytest.skip(problem)
+    require_installed(ensure_slurm())
     cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(cluster.conf)  # the client commands of the tests and of the stages they run
@@ -42,11 +39,16 @@ def set_params(repo: Path, section: str, **values) -> None:
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
+def sampled_checkout(folder: Path, recordings: int, seed: int, until_stage: str) -> Path:
+    """A checkout with sample recordings in data/raw (tracked by DVC), `dvc repro until_stage` run."""
+    repo = checkout_copy(folder)
+    run(repo, "policypipe", "sample", "data/raw", "--recordings", str(recordings), "--seed", str(seed))
+    run(repo, "dvc", "add", "--quiet", "data/raw")
+    run(repo, "dvc", "repro", until_stage)
+    return repo
+
+
 @pytest.fixture(scope="module")
 def paired_repo(tmp_path_factory) -> Path:
-    """A checkout with 4 sample recordings in data/raw (tracked by DVC), paired by `dvc repro pair`."""
-    repo = checkout_copy(tmp_path_factory.mktemp("checkout"))
-    run(repo, "policypipe", "sample", "data/raw", "--recordings", "4", "--seed", "3")
-    run(repo, "dvc", "add", "--quiet", "data/raw")
-    run(repo, "dvc", "repro", "pair")
-    return repo
+    """4 sample recordings, paired."""
+    return sampled_checkout(tmp_path_factory.mktemp("checkout"), 4, 3, "pair")

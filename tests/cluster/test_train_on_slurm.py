@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import set_params
-from tests.workspace import checkout_copy, env, run
+from tests.cluster.conftest import sampled_checkout, set_params
+from tests.workspace import env, run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -22,11 +22,8 @@ SHORT = {"steps": 40, "batch_size": 8, "val_every": 10, "val_batches": 1, "check
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    """A checkout with the pipeline run up to `stats` on 3 sample recordings."""
-    repo = checkout_copy(tmp_path_factory.mktemp("checkout"))
-    run(repo, "policypipe", "sample", "data/raw", "--recordings", "3", "--seed", "7")
-    run(repo, "dvc", "add", "--quiet", "data/raw")
-    run(repo, "dvc", "repro", "stats")
+    """3 sample recordings, the pipeline run up to `stats`, a short training configured."""
+    repo = sampled_checkout(tmp_path_factory.mktemp("checkout"), 3, 7, "stats")
     set_params(repo, "train", **SHORT)
     return repo
 
