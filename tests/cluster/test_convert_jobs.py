@@ -51,13 +51,16 @@ def test_slurm_array_gives_the_same_dataset_bytes_as_local(slurm_cluster, paired
     assert sorted(stem for t in tasks for stem in t["recordings"]) == [f"rec_000{i}" for i in range(1, 5)]
 
 
-def slurm_processes() -> list[tuple[int, dict[str, str], str]]:
-    """(pid, environment, kernel wait channel) of every process that runs for a Slurm job here."""
+def slurm_processes(jobs: Path) -> list[tuple[int, dict[str, str], str]]:
+    """(pid, environment, kernel wait channel) of every process of the Slurm jobs whose submitit
+    files are under `jobs` (their command line names it; forked workers inherit it)."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
+            if str(jobs) not in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                continue
             raw = (proc / "environ").read_bytes().decode(errors="replace")
             wchan = (proc / "wchan").read_text()
         except OSError:
@@ -82,7 +85,7 @@ def kill_stuck_tasks(jobs: Path, stems: dict[str, list[str]], stop: threading.Ev
     `wait_for_partner`), so the task is certainly running, and stuck, when it is killed."""
     done: set[str] = set()
     while not stop.is_set():
-        processes = slurm_processes()
+        processes = slurm_processes(jobs)
         for job_id in {submitit_id(env) for _, env, wchan in processes if wchan == "wait_for_partner"} - done:
             logs = list(jobs.rglob(f"{job_id}_0_log.err"))
             text = logs[0].read_text(errors="replace") if logs else ""
@@ -104,8 +107,9 @@ def test_a_killed_task_is_retried_and_a_recording_that_always_kills_its_task_is_
     manifest = json.loads((paired_repo / "data/manifest.json").read_text())
     recordings = [paired_repo / "data/raw" / r["files"]["vio"]["path"] for r in manifest["recordings"]]
     flaky, doomed = recordings[1], recordings[2]
-    kept_aside = flaky.with_name("flaky.real")
+    kept_aside, doomed_real = flaky.with_name("flaky.real"), doomed.with_name("doomed.real")
     shutil.copy2(flaky, kept_aside)
+    shutil.copy2(doomed, doomed_real)
     for fifo in (flaky, doomed):
         fifo.unlink()
         os.mkfifo(fifo)
@@ -126,6 +130,7 @@ def test_a_killed_task_is_retried_and_a_recording_that_always_kills_its_task_is_
     finally:
         stop.set()
         watcher.join()
+        os.replace(doomed_real, doomed)  # the module's later tests get the export back whole
 
     report = json.loads((paired_repo / "data/fail.zarr.report.json").read_text())
     kept = sorted(ep["stem"] for ep in report["episodes"])
@@ -162,13 +167,22 @@ def test_ctrl_c_of_the_stage_cancels_its_jobs(slurm_cluster, paired_repo: Path) 
             ["python", "stages/convert.py", "--manifest", "data/manifest.json", "--export", "data/raw", "--out",
              "data/ctrl-c.zarr", "--cache", "data/cache-ctrl-c", "--metrics", "m.json", "--report", "r.json",
              "--provenance", "p.json"], cwd=paired_repo, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        jobs = paired_repo / "data/cache-ctrl-c/slurm-jobs"
+
+        def stuck_on_the_fifo() -> bool:
+            return any(wchan == "wait_for_partner" for _, _, wchan in slurm_processes(jobs))
+
         deadline = time.monotonic() + 120
-        while not any(wchan == "wait_for_partner" for _, _, wchan in slurm_processes()) and time.monotonic() < deadline:
+        while not stuck_on_the_fifo() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert any(wchan == "wait_for_partner" for _, _, wchan in slurm_processes()), "no task got to the recording"
+        assert stuck_on_the_fifo(), "no task got to the recording"
         stage.send_signal(signal.SIGINT)
         _, stderr = stage.communicate(timeout=120)
     finally:
+        # A conversion process orphaned by the cancellation (proctrack/linuxproc loses a task's
+        # forked workers once the task is gone) is still waiting on the FIFO: an empty write end ends it.
+        with contextlib.suppress(OSError):
+            os.close(os.open(stuck, os.O_WRONLY | os.O_NONBLOCK))
         os.replace(aside, stuck)
     assert stage.returncode != 0 and "cancelled Slurm job" in stderr
     queued = subprocess.run(["squeue", "-h", "-n", "policypipe-convert"], capture_output=True, text=True).stdout

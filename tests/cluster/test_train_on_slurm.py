@@ -5,6 +5,8 @@ the job requeues and resumes, and the policy is bitwise the one of an uninterrup
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -81,3 +83,28 @@ def test_usr1_part_way_checkpoints_requeues_and_ends_with_the_uninterrupted_weig
     assert [s["restart_count"] for s in segments] == [0, 1] and {s["job_id"] for s in segments} == {job}
     assert all(s["nodes"] and s["host"] for s in segments)
     print(f"USR1 at step >= 15: stopped at step {stopped_at}, training again {resumed_after_s:.1f} s after the signal")
+
+
+def test_ctrl_c_of_the_stage_cancels_the_job_and_it_does_not_come_back(slurm_cluster, repo: Path) -> None:
+    # Cancelling sends the job SIGTERM, as a preemption does; this time it must not requeue itself.
+    # Without data-loading workers, which SIGTERM ends too, training gets to its checkpoint and
+    # to the requeue decision.
+    set_params(repo, "train", launcher="slurm", slurm={"cpus_per_task": 2, "mem_gb": 2, "time_min": 30},
+               steps=SHORT["steps"] + 20, num_workers=0)  # another run than the first test's
+    log = repo / "data/train/log.jsonl"
+    log.unlink(missing_ok=True)
+    stage = subprocess.Popen(["dvc", "repro", "train"], cwd=repo, env=env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while (last_step(log) < 5 or our_job() is None) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    job = our_job()
+    assert job is not None
+    os.killpg(stage.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends to the foreground group
+    output, _ = stage.communicate(timeout=120)
+    assert stage.returncode != 0
+    time.sleep(10)  # long enough for a requeued job to show up again as pending
+    queued = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+    assert queued in ("", "COMPLETING"), f"job {job} is {queued}:\n{output}"
+    job_log = (repo / "data/train.slurm" / f"{job}_0_log.err").read_text()
+    assert "SIGTERM: stopped at step" in job_log and f"job {job} is" in job_log  # checkpointed, not requeued

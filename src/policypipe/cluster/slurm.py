@@ -260,12 +260,22 @@ def run_stage_in_allocation(command: list[str], cwd: str, max_requeues: int) -> 
         if restarts >= max_requeues:
             raise SlurmError(f"training was preempted after {restarts} requeues (train.slurm.max_requeues): "
                              "rerun the stage to continue from its checkpoint")
-        if env.global_rank == 0:
+        # SIGTERM also comes with `scancel` (a Ctrl-C of the stage): a job being cancelled is not
+        # running any more, and must not come back.
+        state = _job_state(env.raw_job_id)
+        if env.global_rank == 0 and state == "RUNNING":
             subprocess.run(["scontrol", "requeue", env.raw_job_id], check=True, timeout=60)
-        # No result is written: the job is not over, Slurm runs it again.
+        elif env.global_rank == 0:
+            log.warning("job %s is %s: checkpointed, not requeued", env.raw_job_id, state)
+        # No result is written: the job is not over, Slurm runs it again (or it was cancelled).
         sys.exit(REQUEUE_EXIT_CODE)
     if code != 0:
         raise SlurmError(f"{' '.join(command)} exited with code {code} on {env.hostname} (rank {env.global_rank})")
+
+
+def _job_state(job_id: str) -> str:
+    done = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60)
+    return done.stdout.strip() or "gone"
 
 
 def segment_record() -> dict[str, Any]:
