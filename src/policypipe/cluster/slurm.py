@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import subprocess
@@ -93,7 +94,7 @@ def make_executor(
         extra["signal"] = f"USR1@{signal_before_end_s}"
     if account:
         extra["account"] = account
-    setup = [f"export {key}={value}" for key, value in (environment or {}).items()]
+    setup = [f"export {key}={shlex.quote(value)}" for key, value in (environment or {}).items()]
     executor.update_parameters(
         job_name=job_name, time=time_min, nodes=nodes, ntasks_per_node=tasks_per_node, cpus_per_task=cpus_per_task,
         mem=f"{max(1, round(mem_gb * 1024))}M", stderr_to_stdout=False, additional_parameters=extra, setup=setup,
