@@ -1,6 +1,7 @@
 """`train.launcher: slurm` against a real one-node Slurm: `dvc repro train` submits the stage as
 a job and streams its log; Slurm's warning signal (USR1) part-way makes training checkpoint,
-the job requeues and resumes, and the policy is bitwise the one of an uninterrupted local run."""
+the job requeues and resumes, and the policy is bitwise the one of an uninterrupted local run.
+A cancelled job does not requeue itself; two processes in one job train as a local launch does."""
 
 from __future__ import annotations
 
@@ -108,3 +109,18 @@ def test_ctrl_c_of_the_stage_cancels_the_job_and_it_does_not_come_back(slurm_clu
     assert queued in ("", "COMPLETING"), f"job {job} is {queued}:\n{output}"
     job_log = (repo / "data/train.slurm" / f"{job}_0_log.err").read_text()
     assert "SIGTERM: stopped at step" in job_log and f"job {job} is" in job_log  # checkpointed, not requeued
+
+
+def test_two_processes_in_one_job_form_one_process_group_like_a_local_launch(slurm_cluster, repo: Path) -> None:
+    """Ranks, world size and the rendezvous from Slurm's environment: the same weights as the
+    same two processes started on this machine by torch's launcher (one node here; several
+    nodes differ only in MASTER_ADDR being the first of them)."""
+    two = {"steps": 12, "num_processes": 2, "cpu_threads": 1, "num_workers": 0}
+    set_params(repo, "train", launcher="local", **two)
+    run(repo, "dvc", "repro", "train")
+    local = (repo / "data/policy/model.safetensors").read_bytes()
+    set_params(repo, "train", launcher="slurm", slurm={"cpus_per_task": 1, "mem_gb": 1, "time_min": 30}, **two)
+    shown = run(repo, "dvc", "repro", "-f", "train")  # -f: the launcher is not part of the run's identity
+    assert (repo / "data/policy/model.safetensors").read_bytes() == local
+    segments = json.loads((repo / "metrics/provenance/train.json").read_text())["details"]["slurm_segments"]
+    assert len(segments) == 1 and segments[0]["tasks"] == "2", shown
