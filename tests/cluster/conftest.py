@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,9 @@ def sampled_checkout(folder: Path, recordings: int, seed: int, until_stage: str)
 def paired_repo(tmp_path_factory) -> Path:
     """4 sample recordings, paired."""
     return sampled_checkout(tmp_path_factory.mktemp("checkout"), 4, 3, "pair")
+
+
+def as_in_a_terminal() -> None:
+    """For Popen's preexec_fn: Ctrl-C's SIGINT as a terminal delivers it. A test run in the
+    background (CI, nohup) starts with SIGINT ignored, and its children would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

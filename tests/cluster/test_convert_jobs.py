@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import set_params
+from tests.cluster.conftest import as_in_a_terminal, set_params
 from tests.sshd import free_port
 from tests.workspace import env, run
 
@@ -166,7 +166,8 @@ def test_ctrl_c_of_the_stage_cancels_its_jobs(slurm_cluster, paired_repo: Path) 
         stage = subprocess.Popen(
             ["python", "stages/convert.py", "--manifest", "data/manifest.json", "--export", "data/raw", "--out",
              "data/ctrl-c.zarr", "--cache", "data/cache-ctrl-c", "--metrics", "m.json", "--report", "r.json",
-             "--provenance", "p.json"], cwd=paired_repo, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             "--provenance", "p.json"], cwd=paired_repo, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=as_in_a_terminal)
         jobs = paired_repo / "data/cache-ctrl-c/slurm-jobs"
 
         def stuck_on_the_fifo() -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import sampled_checkout, set_params
+from tests.cluster.conftest import as_in_a_terminal, sampled_checkout, set_params
 from tests.workspace import env, run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -95,7 +95,7 @@ def test_ctrl_c_of_the_stage_cancels_the_job_and_it_does_not_come_back(slurm_clu
     log = repo / "data/train/log.jsonl"
     log.unlink(missing_ok=True)
     stage = subprocess.Popen(["dvc", "repro", "train"], cwd=repo, env=env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=as_in_a_terminal)
     deadline = time.monotonic() + 300
     while (last_step(log) < 5 or our_job() is None) and time.monotonic() < deadline:
         time.sleep(0.2)
