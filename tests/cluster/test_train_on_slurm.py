@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -116,6 +117,9 @@ def test_two_processes_in_one_job_form_one_process_group_like_a_local_launch(slu
     same two processes started on this machine by torch's launcher (one node here; several
     nodes differ only in MASTER_ADDR being the first of them)."""
     two = {"steps": 12, "num_processes": 2, "cpu_threads": 1, "num_workers": 0}
+    # The cancelled run of the test before is unfinished, and another setup: training would refuse
+    # to replace it, as it says. Started fresh here, as its message asks.
+    shutil.rmtree(repo / "data/train", ignore_errors=True)
     set_params(repo, "train", launcher="local", **two)
     run(repo, "dvc", "repro", "train")
     local = (repo / "data/policy/model.safetensors").read_bytes()
