@@ -21,7 +21,9 @@ def setup_logging() -> None:
     # Line-buffered, so logs show up as they happen under `dvc repro`, tmux or a pipe.
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
 
 
 def load_config(section: str, cls: type[T]) -> T:

@@ -22,9 +22,13 @@ from policypipe.recordings.episode import ConvertConfig
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--manifest", type=Path, required=True)
-    parser.add_argument("--export", type=Path, required=True, help="export folder the manifest's paths are relative to")
+    parser.add_argument(
+        "--export", type=Path, required=True, help="export folder the manifest's paths are relative to"
+    )
     parser.add_argument("--out", type=Path, required=True, help="the zarr store to write")
-    parser.add_argument("--cache", type=Path, required=True, help="per-recording conversion cache (not a DVC output)")
+    parser.add_argument(
+        "--cache", type=Path, required=True, help="per-recording conversion cache (not a DVC output)"
+    )
     parser.add_argument("--metrics", type=Path, required=True)
     parser.add_argument("--report", type=Path, required=True, help="per-episode report")
     parser.add_argument("--provenance", type=Path, required=True)
@@ -54,8 +58,15 @@ def main() -> None:
 
                 runner = SlurmConversion(args.cache / JOBS_FOLDER)
             try:
-                result = convert_dataset(args.manifest, args.export, args.out, args.cache, config, progress,
-                                         **({"runner": runner} if runner else {}))
+                result = convert_dataset(
+                    args.manifest,
+                    args.export,
+                    args.out,
+                    args.cache,
+                    config,
+                    progress,
+                    **({"runner": runner} if runner else {}),
+                )
             except (DatasetError, SlurmError) as exc:
                 fail(str(exc))
         write_json_atomic(args.metrics, result.metrics())
@@ -74,7 +85,8 @@ def main() -> None:
     m = result.metrics()
     print(
         f"converted {m['episodes']} episodes, {m['frames']} frames at {m['frequency_hz']:.2f} Hz "
-        f"({m['bytes_per_frame']:.0f} bytes/frame, {m['store_files']} files) in {time.monotonic() - started:.1f} s; "
+        f"({m['bytes_per_frame']:.0f} bytes/frame, {m['store_files']} files) "
+        f"in {time.monotonic() - started:.1f} s; "
         f"fingerprint {digest[:16]}"
     )
     for ex in result.excluded:

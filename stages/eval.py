@@ -25,7 +25,9 @@ def main() -> None:
     parser.add_argument("--dataset", type=Path, required=True)
     parser.add_argument("--stats", type=Path, required=True)
     parser.add_argument("--metrics", type=Path, required=True)
-    parser.add_argument("--per-step", type=Path, required=True, help="plot data: position error per horizon step")
+    parser.add_argument(
+        "--per-step", type=Path, required=True, help="plot data: position error per horizon step"
+    )
     parser.add_argument("--plots", type=Path, required=True)
     parser.add_argument("--provenance", type=Path, required=True)
     args = parser.parse_args()
@@ -43,15 +45,26 @@ def main() -> None:
             require_same_window(stats, asdict(policy.config), f"the policy {args.policy}")
         except ConfigError as exc:
             fail(str(exc))
-        print(f"eval: {len(stats['split']['val'])} validation episodes, every {config.stride}th anchor frame ...", flush=True)
+        print(
+            f"eval: {len(stats['split']['val'])} validation episodes, "
+            f"every {config.stride}th anchor frame ...",
+            flush=True,
+        )
         try:
             result = evaluate(policy, args.dataset, stats, config)
         except ValueError as exc:
             fail(str(exc))
         write_json_atomic(args.metrics, result["report"])
         write_json_atomic(args.per_step, result["per_step_position_mm"])
-        write_eval_plots(args.dataset, result["samples"], result["chunks"], result["per_step_position_mm"], args.plots,
-                         policy.config.n_action_steps, config.plot_episodes)
+        write_eval_plots(
+            args.dataset,
+            result["samples"],
+            result["chunks"],
+            result["per_step_position_mm"],
+            args.plots,
+            policy.config.n_action_steps,
+            config.plot_episodes,
+        )
     run.inputs[args.policy.as_posix()] = sha256_path(args.policy)
     # As recorded by stats (and checked there): eval reads the dataset that stats describes.
     run.inputs[args.dataset.as_posix() + "#fingerprint"] = stats["dataset_fingerprint"]["sha256"]
@@ -64,12 +77,18 @@ def main() -> None:
     best = r["best_baseline"]["position_mm"]
     ratio, ci = r["ratio_to_best_baseline"]["position_mm"], r["ratio_to_best_baseline_ci95"]["position_mm"]
     gap = r["camera_ablation_gap_position_mm"].get("other_episodes")
-    camera = (f"frames of another episode {gap['mean']:+.1f} mm [{gap['ci95_low']:+.1f}, {gap['ci95_high']:+.1f}]"
-              if gap else "no ablation with other episodes (one validation episode)")
-    print(f"{r['samples']} samples: position error over the executed steps {p:.1f} mm, "
-          f"{ratio:.2f} [{ci['ci95_low']:.2f}, {ci['ci95_high']:.2f}] of the best baseline ({best}, "
-          f"{r[best]['position_mm']['executed']['mean']:.1f} mm); {camera}; spread {r['spread_mm']:.1f} mm; "
-          f"{r['skipped_episodes']} episodes skipped; one seed, CIs cover samples only; {time.monotonic() - started:.0f} s")
+    camera = (
+        f"frames of another episode {gap['mean']:+.1f} mm [{gap['ci95_low']:+.1f}, {gap['ci95_high']:+.1f}]"
+        if gap
+        else "no ablation with other episodes (one validation episode)"
+    )
+    print(
+        f"{r['samples']} samples: position error over the executed steps {p:.1f} mm, "
+        f"{ratio:.2f} [{ci['ci95_low']:.2f}, {ci['ci95_high']:.2f}] of the best baseline ({best}, "
+        f"{r[best]['position_mm']['executed']['mean']:.1f} mm); {camera}; spread {r['spread_mm']:.1f} mm; "
+        f"{r['skipped_episodes']} episodes skipped; one seed, CIs cover samples only; "
+        f"{time.monotonic() - started:.0f} s"
+    )
     for name, why in r["omitted"].items():
         print(f"note: {name} omitted: {why}")
 

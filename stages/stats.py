@@ -40,7 +40,11 @@ def main() -> None:
             stats = compute_statistics(root, window, config)
         except (ValueError, UnreadableArray) as exc:
             fail(f"{args.dataset}: {exc}; rebuild it with `dvc repro convert` (or `dvc checkout`)")
-        stats["dataset_fingerprint"] = {"sha256": digest.digest, "arrays": digest.arrays, "files": store_files(args.dataset)}
+        stats["dataset_fingerprint"] = {
+            "sha256": digest.digest,
+            "arrays": digest.arrays,
+            "files": store_files(args.dataset),
+        }
         report = dataset_report(root, digest.digest, stats["split"])
         write_json_atomic(args.stats, stats)
         write_json_atomic(args.metrics, report)

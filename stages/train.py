@@ -41,8 +41,12 @@ class Logger:
         if self.live is None:
             resumed = record["step"] > 1
             # dvcyaml=None: metrics and plots are declared in dvc.yaml by hand, never rewritten.
-            self.live = Live(str(self.live_dir), resume=resumed, save_dvc_exp=False, dvcyaml=None, report=None)
-            self.bar = tqdm(total=self.total, initial=record["step"] - 1, desc="train", unit="step", dynamic_ncols=True)
+            self.live = Live(
+                str(self.live_dir), resume=resumed, save_dvc_exp=False, dvcyaml=None, report=None
+            )
+            self.bar = tqdm(
+                total=self.total, initial=record["step"] - 1, desc="train", unit="step", dynamic_ncols=True
+            )
             if not resumed:
                 self.jsonl.unlink(missing_ok=True)
             self.jsonl.parent.mkdir(parents=True, exist_ok=True)
@@ -54,7 +58,10 @@ class Logger:
         with open(self.jsonl, "a") as f:
             f.write(json.dumps(record) + "\n")
         self.bar.update(1)
-        self.bar.set_postfix(loss=f"{record['train_loss']:.4f}", **({"val": f"{record['val_loss']:.4f}"} if "val_loss" in record else {}))
+        self.bar.set_postfix(
+            loss=f"{record['train_loss']:.4f}",
+            **({"val": f"{record['val_loss']:.4f}"} if "val_loss" in record else {}),
+        )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -70,8 +77,15 @@ def relaunch(processes: int) -> None:
     stage with `accelerate launch` and your accelerate config instead: nothing is relaunched then.
     """
     # --standalone: a rendezvous on this machine, on a port the launcher picks itself.
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-               sys.argv[0], *sys.argv[1:]]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={processes}",
+        sys.argv[0],
+        *sys.argv[1:],
+    ]
     sys.exit(subprocess.call(command))
 
 
@@ -85,9 +99,15 @@ def submit_to_slurm(config, run_dir: Path) -> None:
         resources = slurm.local_resources(config.slurm)
         print(f"Slurm: {slurm.check_reachable()}", file=sys.stderr)
         job_id = slurm.run_stage_as_job(
-            [sys.executable, *sys.argv], cwd=Path.cwd(), folder=run_dir.parent / f"{run_dir.name}.slurm",
-            resources=resources, num_processes=config.num_processes, job_name="policypipe-train",
-            stdout=sys.stdout, stderr=sys.stderr)
+            [sys.executable, *sys.argv],
+            cwd=Path.cwd(),
+            folder=run_dir.parent / f"{run_dir.name}.slurm",
+            resources=resources,
+            num_processes=config.num_processes,
+            job_name="policypipe-train",
+            stdout=sys.stdout,
+            stderr=sys.stderr,
+        )
     except slurm.SlurmError as exc:
         fail(str(exc))
     print(f"Slurm job {job_id} finished", file=sys.stderr)
@@ -106,16 +126,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dataset", type=Path, required=True)
     parser.add_argument("--stats", type=Path, required=True)
-    parser.add_argument("--run-dir", type=Path, required=True, help="run folder: checkpoints, history, log (persisted)")
+    parser.add_argument(
+        "--run-dir", type=Path, required=True, help="run folder: checkpoints, history, log (persisted)"
+    )
     parser.add_argument("--policy", type=Path, required=True, help="the exported policy")
     parser.add_argument("--metrics", type=Path, required=True)
-    parser.add_argument("--live", type=Path, required=True, help="DVCLive folder (per-step metrics and plots)")
+    parser.add_argument(
+        "--live", type=Path, required=True, help="DVCLive folder (per-step metrics and plots)"
+    )
     parser.add_argument("--provenance", type=Path, required=True)
     args = parser.parse_args()
     setup_logging()
     # Every value checked, alone and where the two sections meet, before anything is read or written.
     try:
-        config = train_config_from_params(read_section(PARAMS_FILE, "train"), read_section(PARAMS_FILE, "policy"))
+        config = train_config_from_params(
+            read_section(PARAMS_FILE, "train"), read_section(PARAMS_FILE, "policy")
+        )
     except ConfigError as exc:
         fail(str(exc))
     window = config.window
@@ -131,8 +157,11 @@ def main() -> None:
         fail(str(exc))
     image_size = tuple(zarr.open_group(args.dataset, mode="r").attrs[layout.ATTRS_IMAGE_SIZE])
     if image_size != config.model.image_size:
-        fail(f"train.model.image_size {list(config.model.image_size)} differs from the dataset's {list(image_size)}: "
-             "set it to the dataset's (convert.image_size)")
+        fail(
+            f"train.model.image_size {list(config.model.image_size)} differs from "
+            f"the dataset's {list(image_size)}: "
+            "set it to the dataset's (convert.image_size)"
+        )
 
     if rank == 0 and (segments := os.environ.get(slurm.SEGMENTS_ENV)):
         with open(segments, "a") as f:  # where this segment of the Slurm job runs, for the provenance
@@ -144,22 +173,39 @@ def main() -> None:
     stop = StopRequest().install()
     with StageRun("train", params={"train": asdict(config), "policy": asdict(window)}) as run:
         try:
-            result = train(store=args.dataset, stats=stats, stats_sha256=sha256_file(args.stats), config=config,
-                           run_dir=args.run_dir, log_step=logger, stop_requested=lambda: bool(stop))
+            result = train(
+                store=args.dataset,
+                stats=stats,
+                stats_sha256=sha256_file(args.stats),
+                config=config,
+                run_dir=args.run_dir,
+                log_step=logger,
+                stop_requested=lambda: bool(stop),
+            )
         except CheckpointError as exc:
             fail(str(exc))
         finally:
             logger.close()
             stop.uninstall()
         if result.interrupted:
-            print(f"{stop.signal}: stopped at step {result.steps} with a checkpoint; rerun (or requeue) to continue",
-                  file=sys.stderr)
+            print(
+                f"{stop.signal}: stopped at step {result.steps} with a checkpoint; "
+                "rerun (or requeue) to continue",
+                file=sys.stderr,
+            )
             sys.exit(slurm.REQUEUE_EXIT_CODE)
         if rank != 0:
             return  # rank 0 alone writes the outputs
         fingerprint = stats["dataset_fingerprint"]["sha256"]
-        save_policy(args.policy, result.policy, {"dataset_fingerprint": fingerprint, "stats_sha256": sha256_file(args.stats),
-                                                 "steps": result.steps})
+        save_policy(
+            args.policy,
+            result.policy,
+            {
+                "dataset_fingerprint": fingerprint,
+                "stats_sha256": sha256_file(args.stats),
+                "steps": result.steps,
+            },
+        )
         latest = args.run_dir / "checkpoints" / "latest"
         metrics = {
             "steps": result.steps,
@@ -183,8 +229,12 @@ def main() -> None:
         run.details["slurm_segments"] = segments
     run.add_outputs([args.metrics])
     run.write(args.provenance)
-    print(f"trained {result.steps} steps: val loss {metrics['val_loss_first']:.4f} -> best {metrics['val_loss_best']:.4f}, "
-          f"{metrics['samples_per_s']:.0f} samples/s, {metrics['wall_time_s']:.0f} s", file=sys.stdout)
+    print(
+        f"trained {result.steps} steps: val loss {metrics['val_loss_first']:.4f} "
+        f"-> best {metrics['val_loss_best']:.4f}, "
+        f"{metrics['samples_per_s']:.0f} samples/s, {metrics['wall_time_s']:.0f} s",
+        file=sys.stdout,
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ def write_tiny_mcap(path: Path, messages: int = 3, tag: str = "") -> Path:
         channel = writer.register_channel("/tick", "json", schema)
         for i in range(messages):
             t = 1_700_000_000_000_000_000 + i * 10_000_000
-            writer.add_message(channel, log_time=t, publish_time=t, data=json.dumps({"i": i, "tag": tag}).encode())
+            writer.add_message(
+                channel, log_time=t, publish_time=t, data=json.dumps({"i": i, "tag": tag}).encode()
+            )
         writer.finish()
     return path
 
@@ -74,7 +76,9 @@ def pipeline_repo(tmp_path_factory) -> Path:
     shorten_training(repo)
     run(repo, "policypipe", "sample", "data/raw", "--recordings", "3", "--seed", "7")
     run(repo, "dvc", "add", "--quiet", "data/raw")
-    (repo.parent / "code_commit").write_text(run(repo, "git", "rev-parse", "HEAD").strip())  # what the runs recorded
+    (repo.parent / "code_commit").write_text(
+        run(repo, "git", "rev-parse", "HEAD").strip()
+    )  # what the runs recorded
     run(repo, "dvc", "repro")
     run(repo, "git", "add", "-A")
     run(repo, "git", "commit", "-qm", "results of dvc repro")

@@ -22,7 +22,11 @@ from pathlib import Path
 
 from tests.sshd import free_port
 
-DAEMONS = {"munged": Path("/usr/sbin/munged"), "slurmctld": Path("/usr/sbin/slurmctld"), "slurmd": Path("/usr/sbin/slurmd")}
+DAEMONS = {
+    "munged": Path("/usr/sbin/munged"),
+    "slurmctld": Path("/usr/sbin/slurmctld"),
+    "slurmd": Path("/usr/sbin/slurmd"),
+}
 
 
 def ensure_slurm() -> str | None:
@@ -32,7 +36,10 @@ def ensure_slurm() -> str | None:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         return "Slurm is missing: install slurm-wlm and munge (Debian: apt-get install slurm-wlm munge)"
     env = os.environ | {"DEBIAN_FRONTEND": "noninteractive"}
-    for args in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "slurm-wlm", "munge"]):
+    for args in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "slurm-wlm", "munge"],
+    ):
         done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             return f"{' '.join(args)} failed: {done.stderr.strip()[-500:]}"
@@ -61,7 +68,10 @@ class LoopbackSlurm:
         return {"SLURM_CONF": str(self.conf)}
 
     def logs(self) -> str:
-        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted((self.folder / "log").iterdir()))
+        return "\n".join(
+            f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+            for p in sorted((self.folder / "log").iterdir())
+        )
 
     def stop(self) -> None:
         user = pwd.getpwuid(os.getuid()).pw_name
@@ -76,7 +86,9 @@ class LoopbackSlurm:
         shutil.rmtree(self.munge_folder, ignore_errors=True)
 
 
-def _wait_for(what: str, ready, process: subprocess.Popen, cluster: LoopbackSlurm, timeout_s: float = 30) -> None:
+def _wait_for(
+    what: str, ready, process: subprocess.Popen, cluster: LoopbackSlurm, timeout_s: float = 30
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -109,59 +121,89 @@ def start_slurm(folder: Path) -> LoopbackSlurm:
     host = socket.gethostname().split(".")[0]
     cpus, memory_mb = node_resources()
     conf = folder / "slurm.conf"
-    conf.write_text("\n".join([
-        "ClusterName=policypipe-test",
-        f"SlurmctldHost={host}(127.0.0.1)",
-        f"SlurmctldPort={free_port()}",
-        f"SlurmdPort={free_port()}",
-        "SlurmUser=root",
-        "SlurmdUser=root",
-        "AuthType=auth/munge",
-        "CredType=cred/munge",
-        f"AuthInfo=socket={munge_socket}",
-        f"StateSaveLocation={folder / 'state'}",
-        f"SlurmdSpoolDir={folder / 'spool'}",
-        f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
-        f"SlurmdPidFile={folder / 'slurmd.pid'}",
-        f"SlurmctldLogFile={folder / 'log' / 'slurmctld.log'}",
-        f"SlurmdLogFile={folder / 'log' / 'slurmd.log'}",
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core_Memory",
-        "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
-        "MpiDefault=none",
-        "ReturnToService=2",
-        "SchedulerType=sched/backfill",
-        "SchedulerParameters=bf_interval=1",
-        "JobRequeue=1",
-        "MinJobAge=600",
-        "KillWait=5",
-        f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN",
-        f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP",
-        "",
-    ]))
+    conf.write_text(
+        "\n".join(
+            [
+                "ClusterName=policypipe-test",
+                f"SlurmctldHost={host}(127.0.0.1)",
+                f"SlurmctldPort={free_port()}",
+                f"SlurmdPort={free_port()}",
+                "SlurmUser=root",
+                "SlurmdUser=root",
+                "AuthType=auth/munge",
+                "CredType=cred/munge",
+                f"AuthInfo=socket={munge_socket}",
+                f"StateSaveLocation={folder / 'state'}",
+                f"SlurmdSpoolDir={folder / 'spool'}",
+                f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
+                f"SlurmdPidFile={folder / 'slurmd.pid'}",
+                f"SlurmctldLogFile={folder / 'log' / 'slurmctld.log'}",
+                f"SlurmdLogFile={folder / 'log' / 'slurmd.log'}",
+                "ProctrackType=proctrack/linuxproc",
+                "TaskPlugin=task/none",
+                "SelectType=select/cons_tres",
+                "SelectTypeParameters=CR_Core_Memory",
+                "JobAcctGatherType=jobacct_gather/none",
+                "AccountingStorageType=accounting_storage/none",
+                "MpiDefault=none",
+                "ReturnToService=2",
+                "SchedulerType=sched/backfill",
+                "SchedulerParameters=bf_interval=1",
+                "JobRequeue=1",
+                "MinJobAge=600",
+                "KillWait=5",
+                f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN",
+                f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP",
+                "",
+            ]
+        )
+    )
     cluster = LoopbackSlurm(folder, conf, munge)
     env = os.environ | cluster.env()
     try:
         munged = subprocess.Popen(
-            ["runuser", "-u", "munge", "--", str(DAEMONS["munged"]), "-F", f"--key-file={key}", f"--socket={munge_socket}",
-             f"--pid-file={socket_dir / 'munged.pid'}", f"--log-file={folder / 'log' / 'munged.log'}",
-             f"--seed-file={socket_dir / 'munged.seed'}"], stderr=subprocess.DEVNULL)
+            [
+                "runuser",
+                "-u",
+                "munge",
+                "--",
+                str(DAEMONS["munged"]),
+                "-F",
+                f"--key-file={key}",
+                f"--socket={munge_socket}",
+                f"--pid-file={socket_dir / 'munged.pid'}",
+                f"--log-file={folder / 'log' / 'munged.log'}",
+                f"--seed-file={socket_dir / 'munged.seed'}",
+            ],
+            stderr=subprocess.DEVNULL,
+        )
         cluster.processes.append(munged)
         _wait_for("munged", munge_socket.exists, munged, cluster)
-        ctld = subprocess.Popen([str(DAEMONS["slurmctld"]), "-D", "-f", str(conf)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=open(folder / "log" / "slurmctld.out", "wb"))
+        ctld = subprocess.Popen(
+            [str(DAEMONS["slurmctld"]), "-D", "-f", str(conf)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(folder / "log" / "slurmctld.out", "wb"),
+        )
         cluster.processes.append(ctld)
-        _wait_for("slurmctld", lambda: subprocess.run(["scontrol", "ping"], env=env, capture_output=True).returncode == 0,
-                  ctld, cluster)
-        slurmd = subprocess.Popen([str(DAEMONS["slurmd"]), "-D", "-f", str(conf), "-N", host], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=open(folder / "log" / "slurmd.out", "wb"))
+        _wait_for(
+            "slurmctld",
+            lambda: subprocess.run(["scontrol", "ping"], env=env, capture_output=True).returncode == 0,
+            ctld,
+            cluster,
+        )
+        slurmd = subprocess.Popen(
+            [str(DAEMONS["slurmd"]), "-D", "-f", str(conf), "-N", host],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(folder / "log" / "slurmd.out", "wb"),
+        )
         cluster.processes.append(slurmd)
 
         def node_idle() -> bool:
-            state = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True).stdout
+            state = subprocess.run(
+                ["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True
+            ).stdout
             return "idle" in state
 
         _wait_for("slurmd", node_idle, slurmd, cluster)

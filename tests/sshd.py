@@ -27,7 +27,10 @@ def ensure_sshd() -> str | None:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         return f"{SSHD} is missing: install openssh-server (Debian: apt-get install openssh-server)"
     env = os.environ | {"DEBIAN_FRONTEND": "noninteractive"}
-    for args in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "openssh-server"]):
+    for args in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "openssh-server"],
+    ):
         done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             return f"{' '.join(args)} failed: {done.stderr.strip()[-500:]}"
@@ -85,7 +88,9 @@ def start_sshd(folder: Path) -> LoopbackSshd:
     except PermissionError:
         pass  # not root: sshd runs unprivileged and does not need it
     # -D: stay in the foreground, so the PID is the server's own; -e: log to stderr.
-    process = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)], stderr=open(folder / "sshd.log", "wb"))
+    process = subprocess.Popen(
+        [str(SSHD), "-D", "-e", "-f", str(config)], stderr=open(folder / "sshd.log", "wb")
+    )
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -100,7 +105,9 @@ def start_sshd(folder: Path) -> LoopbackSshd:
         raise RuntimeError("sshd did not listen within 15 s")
     import pwd
 
-    return LoopbackSshd(process, port, pwd.getpwuid(os.getuid()).pw_name, client_key, folder / "host_ed25519.pub", folder)
+    return LoopbackSshd(
+        process, port, pwd.getpwuid(os.getuid()).pw_name, client_key, folder / "host_ed25519.pub", folder
+    )
 
 
 class CuttingProxy:

@@ -24,9 +24,17 @@ def recorded(tmp_path_factory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("recorded")
     make_store(root / "ds.zarr")
     fp = fingerprint(root / "ds.zarr")
-    full = {"dataset_fingerprint": {"sha256": fp.digest, "arrays": fp.arrays, "files": store_files(root / "ds.zarr")}}
+    full = {
+        "dataset_fingerprint": {
+            "sha256": fp.digest,
+            "arrays": fp.arrays,
+            "files": store_files(root / "ds.zarr"),
+        }
+    }
     write_json_atomic(root / "stats.json", full)
-    write_json_atomic(root / "dataset.json", {"fingerprint": fp.digest})  # metrics/dataset.json holds only the digest
+    write_json_atomic(
+        root / "dataset.json", {"fingerprint": fp.digest}
+    )  # metrics/dataset.json holds only the digest
     return root / "ds.zarr", root / "stats.json", root / "dataset.json"
 
 
@@ -59,7 +67,9 @@ def test_verify_names_a_deleted_chunk_file(recorded, store: Path, capsys, delete
 
 @pytest.mark.parametrize("metadata", ["zarr.json", "data/robot0_eef_pos/zarr.json", "data/zarr.json"])
 @pytest.mark.parametrize("record", ["files recorded", "digest only"])
-def test_verify_reports_a_garbage_zarr_json_as_corrupt(recorded, store: Path, capsys, metadata: str, record: str) -> None:
+def test_verify_reports_a_garbage_zarr_json_as_corrupt(
+    recorded, store: Path, capsys, metadata: str, record: str
+) -> None:
     (store / metadata).write_bytes(bytes(range(256)) * 3)  # not JSON, not even UTF-8
     code, out, err = verify(store, recorded[1] if record == "files recorded" else recorded[2], capsys)
     assert code == 1, out + err
@@ -78,10 +88,26 @@ def policy(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("missing", ["a", "b", "dataset", "stats"])
-def test_compare_with_a_missing_input_says_which_is_missing(recorded, policy: Path, tmp_path: Path, capsys, missing: str) -> None:
-    paths = {"a": policy, "b": policy, "dataset": recorded[0], "stats": recorded[1]} | {missing: tmp_path / "nowhere"}
-    code = main(["compare", str(paths["a"]), "--against", str(paths["b"]), "--dataset", str(paths["dataset"]),
-                 "--stats", str(paths["stats"]), "--params", str(tmp_path / "params.yaml")])
+def test_compare_with_a_missing_input_says_which_is_missing(
+    recorded, policy: Path, tmp_path: Path, capsys, missing: str
+) -> None:
+    paths = {"a": policy, "b": policy, "dataset": recorded[0], "stats": recorded[1]} | {
+        missing: tmp_path / "nowhere"
+    }
+    code = main(
+        [
+            "compare",
+            str(paths["a"]),
+            "--against",
+            str(paths["b"]),
+            "--dataset",
+            str(paths["dataset"]),
+            "--stats",
+            str(paths["stats"]),
+            "--params",
+            str(tmp_path / "params.yaml"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error: ") and f"{tmp_path / 'nowhere'} is missing" in err and err.count("\n") == 1
@@ -102,38 +128,71 @@ def seeds(tmp_path_factory) -> tuple[Path, Path, list[Path]]:
 
     root = tmp_path_factory.mktemp("seeds")
     make_store(root / "ds.zarr", lengths=(30, 25, 40, 35, 28, 33))
-    stats = compute_statistics(zarr.open_group(root / "ds.zarr", mode="r"), WindowConfig(2, 8, 4), StatsConfig(val_fraction=0.4))
+    stats = compute_statistics(
+        zarr.open_group(root / "ds.zarr", mode="r"), WindowConfig(2, 8, 4), StatsConfig(val_fraction=0.4)
+    )
     write_json_atomic(root / "stats.json", stats)
     folders = []
     for seed in (0, 1):
         torch.manual_seed(seed)
         policy = DiffusionPolicy(MODEL)
         policy.fit_normalizers(stats)
-        folders.append(save_policy(root / f"policy_seed{seed}", policy, {"stats_sha256": sha256_file(root / "stats.json")}))
+        folders.append(
+            save_policy(
+                root / f"policy_seed{seed}", policy, {"stats_sha256": sha256_file(root / "stats.json")}
+            )
+        )
     return root / "ds.zarr", root / "stats.json", folders
 
 
 def compare(seeds, args: list[str], tmp_path: Path) -> int:
-    (tmp_path / "params.yaml").write_text("eval:\n  stride: 6\n  batch_size: 32\n  bootstrap_resamples: 200\n")
-    return main(["compare", *args, "--dataset", str(seeds[0]), "--stats", str(seeds[1]), "--params", str(tmp_path / "params.yaml")])
+    (tmp_path / "params.yaml").write_text(
+        "eval:\n  stride: 6\n  batch_size: 32\n  bootstrap_resamples: 200\n"
+    )
+    return main(
+        [
+            "compare",
+            *args,
+            "--dataset",
+            str(seeds[0]),
+            "--stats",
+            str(seeds[1]),
+            "--params",
+            str(tmp_path / "params.yaml"),
+        ]
+    )
 
 
-def test_compare_one_seed_alone_against_the_baselines_says_the_ci_covers_samples_only(seeds, tmp_path: Path, capsys) -> None:
+def test_compare_one_seed_alone_against_the_baselines_says_the_ci_covers_samples_only(
+    seeds, tmp_path: Path, capsys
+) -> None:
     code = compare(seeds, [str(seeds[2][0]), "--json", str(tmp_path / "out.json")], tmp_path)
     out = capsys.readouterr().out
     assert code == 0, out
     assert "A: 1 seed; CIs cover samples only (one seed)" in out
-    for name in ("hold_still", "mean_motion", "constant_velocity", "ratio to best baseline", "camera ablation gap"):
+    for name in (
+        "hold_still",
+        "mean_motion",
+        "constant_velocity",
+        "ratio to best baseline",
+        "camera ablation gap",
+    ):
         assert name in out
     result = json.loads((tmp_path / "out.json").read_text())
     side = result["sides"]["A"]
     assert side["policies"] == [str(seeds[2][0])] and "b_minus_a" not in result
-    assert side["components"]["position_mm"]["best_baseline"] in {"hold_still", "mean_motion", "constant_velocity"}
+    assert side["components"]["position_mm"]["best_baseline"] in {
+        "hold_still",
+        "mean_motion",
+        "constant_velocity",
+    }
 
 
 def test_compare_seeds_against_seeds(seeds, tmp_path: Path, capsys) -> None:
     a, b = seeds[2]
-    code = compare(seeds, [str(a), str(b), "--against", str(b), "--json", str(tmp_path / "out.json")], tmp_path)
+    code = compare(
+        seeds, [str(a), str(b), "--against", str(b), "--json", str(tmp_path / "out.json")], tmp_path
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "A: 2 seeds; CIs cover seeds and samples (A: 2 seeds)" in out
@@ -152,20 +211,45 @@ def test_compare_refuses_a_policy_trained_with_other_statistics(seeds, tmp_path:
     # Other statistics mean another split: the "held-out" episodes may be ones it trained on.
     other = tmp_path / "stats.json"
     other.write_text(seeds[1].read_text().replace('"seed": 0', '"seed": 1', 1))
-    code = main(["compare", str(seeds[2][0]), "--dataset", str(seeds[0]), "--stats", str(other),
-                 "--params", str(tmp_path / "params.yaml")])
+    code = main(
+        [
+            "compare",
+            str(seeds[2][0]),
+            "--dataset",
+            str(seeds[0]),
+            "--stats",
+            str(other),
+            "--params",
+            str(tmp_path / "params.yaml"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "was trained with statistics" in err and str(other) in err and "--stats" in err
 
 
-def test_compare_measures_a_sampling_choice_on_the_same_trained_policies(seeds, tmp_path: Path, capsys) -> None:
+def test_compare_measures_a_sampling_choice_on_the_same_trained_policies(
+    seeds, tmp_path: Path, capsys
+) -> None:
     policies = [str(p) for p in seeds[2]]
-    code = compare(seeds, [*policies, "--against", *policies, "--sample-b", "timestep_spacing=leading",
-                           "--json", str(tmp_path / "out.json")], tmp_path)
+    code = compare(
+        seeds,
+        [
+            *policies,
+            "--against",
+            *policies,
+            "--sample-b",
+            "timestep_spacing=leading",
+            "--json",
+            str(tmp_path / "out.json"),
+        ],
+        tmp_path,
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     result = json.loads((tmp_path / "out.json").read_text())
     assert result["b_minus_a"]["position_mm"]["mean"] != 0  # other diffusion steps, other samples
-    code = compare(seeds, [*policies, "--against", *policies, "--sample-b", "normalization=mean_std"], tmp_path)
+    code = compare(
+        seeds, [*policies, "--against", *policies, "--sample-b", "normalization=mean_std"], tmp_path
+    )
     err = capsys.readouterr().err
     assert code == 2 and "normalization changes what the policy learned" in err

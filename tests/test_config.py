@@ -32,8 +32,12 @@ def test_a_config_that_cannot_work_is_refused_with_what_to_change(mapping, messa
 def test_lists_become_tuples_and_choices_are_checked() -> None:
     from policypipe.recordings.episode import ConvertConfig
 
-    config = from_mapping(ConvertConfig, {"image_size": [64, 48], "on_tracking_loss": "exclude", "resample_hz": 10}, "convert")
-    assert config.image_size == (64, 48) and config.resample_hz == 10.0 and config.on_tracking_loss == "exclude"
+    config = from_mapping(
+        ConvertConfig, {"image_size": [64, 48], "on_tracking_loss": "exclude", "resample_hz": 10}, "convert"
+    )
+    assert (
+        config.image_size == (64, 48) and config.resample_hz == 10.0 and config.on_tracking_loss == "exclude"
+    )
     with pytest.raises(ConfigError, match=r"convert.image_size: expected 2 values"):
         from_mapping(ConvertConfig, {"image_size": [64]}, "convert")
     with pytest.raises(ConfigError, match=r"convert.image_size\[1\]: expected an integer"):

@@ -18,7 +18,9 @@ def test_a_lock_pin_that_differs_from_what_is_installed_fails_naming_it(tmp_path
     import numpy
 
     lock = tmp_path / "requirements.lock"
-    lock.write_text(f"numpy=={numpy.__version__}\n    # via policypipe\npyyaml==0.0.1\nnot-a-package-here==1.0\n")
+    lock.write_text(
+        f"numpy=={numpy.__version__}\n    # via policypipe\npyyaml==0.0.1\nnot-a-package-here==1.0\n"
+    )
     result = doctor.check_lock(lock)
     assert result.status == "fail"
     assert "pyyaml" in result.message.lower() and "(lock: 0.0.1)" in result.message
@@ -33,18 +35,26 @@ def test_too_little_disk_for_the_checkpoints_fails_with_both_sizes(tmp_path: Pat
     assert doctor.check_disk(tmp_path, {"checkpoints": 1}).status == "ok"
 
 
-def test_gpu_processes_of_this_user_are_listed_never_killed_with_a_stand_in_nvidia_smi(tmp_path: Path, monkeypatch) -> None:
+def test_gpu_processes_of_this_user_are_listed_never_killed_with_a_stand_in_nvidia_smi(
+    tmp_path: Path, monkeypatch
+) -> None:
     # No GPU here: a stand-in nvidia-smi reports a real process of ours as holding GPU memory.
-    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "leftover-training-run"])
+    leftover = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "leftover-training-run"]
+    )
     try:
         fake = tmp_path / "bin" / "nvidia-smi"
         fake.parent.mkdir()
-        fake.write_text(f"#!/bin/sh\necho '{leftover.pid}, 1234'\necho '1, 99'\n")  # PID 1 is not ours unless root
+        fake.write_text(
+            f"#!/bin/sh\necho '{leftover.pid}, 1234'\necho '1, 99'\n"
+        )  # PID 1 is not ours unless root
         fake.chmod(0o755)
         monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
         result = doctor.check_gpu_processes()
         assert result.status == "warn"
-        assert f"PID {leftover.pid} (1234 MiB)" in result.message and "leftover-training-run" in result.message
+        assert (
+            f"PID {leftover.pid} (1234 MiB)" in result.message and "leftover-training-run" in result.message
+        )
         assert leftover.poll() is None  # still running
     finally:
         leftover.kill()
@@ -52,18 +62,27 @@ def test_gpu_processes_of_this_user_are_listed_never_killed_with_a_stand_in_nvid
 
 
 @pytest.mark.slow
-def test_doctor_in_a_checkout_checks_the_ssh_remote_against_known_hosts(sshd: LoopbackSshd, tmp_path: Path) -> None:
+def test_doctor_in_a_checkout_checks_the_ssh_remote_against_known_hosts(
+    sshd: LoopbackSshd, tmp_path: Path
+) -> None:
     repo = checkout_copy(tmp_path / "repo")
     url = f"ssh://{sshd.user}@127.0.0.1:{sshd.port}{tmp_path / 'remote'}"
     run(repo, "policypipe", "remote", "add", "server", url, "--keyfile", str(sshd.client_key))
     known = tmp_path / "known_hosts"
     known.write_text(sshd.known_hosts_line())
     shown = run(repo, "policypipe", "doctor", "--known-hosts", str(known))
-    lines = {line.split(":")[0].split(maxsplit=1)[1]: line.split()[0] for line in shown.splitlines() if ":" in line}
+    lines = {
+        line.split(":")[0].split(maxsplit=1)[1]: line.split()[0] for line in shown.splitlines() if ":" in line
+    }
     assert lines["remote"] == "OK" and lines["environment"] == "OK" and lines["disk"] == "OK"
     assert "slurm" not in lines  # no Slurm executor configured
 
     known.write_text("")  # an unknown host key: the remote check fails, and so does the command
-    done = subprocess.run(["policypipe", "doctor", "--known-hosts", str(known)], cwd=repo, capture_output=True, text=True,
-                          env=os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+    done = subprocess.run(
+        ["policypipe", "doctor", "--known-hosts", str(known)],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
+    )
     assert done.returncode == 1 and "FAIL remote" in done.stdout

@@ -19,7 +19,11 @@ def test_repro_pairs_the_sample_export_and_reports_every_defect(pipeline_repo: P
     report = json.loads((pipeline_repo / "metrics/pair_report.json").read_text())
 
     assert metrics["recordings_accepted"] == len(manifest["recordings"]) == 3
-    exported = {p.relative_to(pipeline_repo / "data/raw").as_posix() for p in (pipeline_repo / "data/raw").rglob("*") if p.is_file()}
+    exported = {
+        p.relative_to(pipeline_repo / "data/raw").as_posix()
+        for p in (pipeline_repo / "data/raw").rglob("*")
+        if p.is_file()
+    }
     in_manifest = {f["path"] for r in manifest["recordings"] for f in r["files"].values()}
     rejected = {r["path"] for r in report["rejected_files"]}
     assert in_manifest | rejected == exported and not in_manifest & rejected  # every file accounted for, once
@@ -39,12 +43,20 @@ def test_provenance_of_pair_holds_code_environment_machine_and_hashes(pipeline_r
     assert "stages/pair.py" in prov["command"]
     assert prov["params"] == {"task": "pick_place", "accept_truncated": False, "hash_workers": 0}
     assert set(prov["inputs_sha256"]) == {"data/raw"}
-    assert set(prov["outputs_sha256"]) == {"data/manifest.json", "metrics/pair_report.json", "metrics/pair.json"}
+    assert set(prov["outputs_sha256"]) == {
+        "data/manifest.json",
+        "metrics/pair_report.json",
+        "metrics/pair.json",
+    }
     assert prov["duration_s"] >= 0
 
 
-def test_every_stage_records_its_provenance_with_the_dataset_fingerprint_from_convert_on(pipeline_repo: Path) -> None:
-    fingerprint = json.loads((pipeline_repo / "data/stats/stats.json").read_text())["dataset_fingerprint"]["sha256"]
+def test_every_stage_records_its_provenance_with_the_dataset_fingerprint_from_convert_on(
+    pipeline_repo: Path,
+) -> None:
+    fingerprint = json.loads((pipeline_repo / "data/stats/stats.json").read_text())["dataset_fingerprint"][
+        "sha256"
+    ]
     code_commit = (pipeline_repo.parent / "code_commit").read_text()
     for stage in ("pair", "convert", "stats", "train", "eval"):
         prov = json.loads((pipeline_repo / f"metrics/provenance/{stage}.json").read_text())
@@ -55,8 +67,13 @@ def test_every_stage_records_its_provenance_with_the_dataset_fingerprint_from_co
         assert prov["params"] and prov["inputs_sha256"] and prov["outputs_sha256"]
         hashes = set(prov["inputs_sha256"].values()) | set(prov["outputs_sha256"].values())
         assert (fingerprint in hashes) == (stage != "pair"), stage
-        assert prov["git"]["dirty"] is False, (stage, prov["git"]["dirty_files"])  # the commit's code and params
-    converter = json.loads((pipeline_repo / "metrics/provenance/convert.json").read_text())["details"]["converter"]
+        assert prov["git"]["dirty"] is False, (
+            stage,
+            prov["git"]["dirty_files"],
+        )  # the commit's code and params
+    converter = json.loads((pipeline_repo / "metrics/provenance/convert.json").read_text())["details"][
+        "converter"
+    ]
     assert len(converter["code_sha256"]) == 64 and converter["libraries"]["opencv-python-headless"]
 
 
@@ -68,7 +85,10 @@ def test_dataset_report_stats_and_verify_after_repro(pipeline_repo: Path) -> Non
     assert set(stats["lowdim"]) == {"action", "action_per_step", "obs.eef_pose_rel", "obs.gripper_width"}
     assert len(stats["lowdim"]["action"]["mean"]) == 10
     assert {p.name for p in (pipeline_repo / "metrics/plots/dataset").iterdir()} == {
-        "episode_lengths.png", "paths_topdown.png", "gripper_width.png", "contact_sheet.png"
+        "episode_lengths.png",
+        "paths_topdown.png",
+        "gripper_width.png",
+        "contact_sheet.png",
     }
     out = run(pipeline_repo, "policypipe", "verify", "data/dataset.zarr")
     assert out.startswith("OK data/dataset.zarr")
@@ -78,10 +98,21 @@ def test_dataset_report_stats_and_verify_after_repro(pipeline_repo: Path) -> Non
 
 def test_second_repro_changes_nothing(pipeline_repo: Path) -> None:
     watched = [
-        "data/manifest.json", "metrics/pair.json", "metrics/pair_report.json", "metrics/provenance/pair.json", "dvc.lock",
-        "metrics/convert.json", "metrics/dataset.json", "data/stats/stats.json", "metrics/provenance/stats.json",
-        "metrics/train.json", "data/policy/model.safetensors", "metrics/provenance/train.json",
-        "metrics/eval.json", "metrics/eval_per_step.json", "metrics/provenance/eval.json",
+        "data/manifest.json",
+        "metrics/pair.json",
+        "metrics/pair_report.json",
+        "metrics/provenance/pair.json",
+        "dvc.lock",
+        "metrics/convert.json",
+        "metrics/dataset.json",
+        "data/stats/stats.json",
+        "metrics/provenance/stats.json",
+        "metrics/train.json",
+        "data/policy/model.safetensors",
+        "metrics/provenance/train.json",
+        "metrics/eval.json",
+        "metrics/eval_per_step.json",
+        "metrics/provenance/eval.json",
     ]
     before = {p: (pipeline_repo / p).read_bytes() for p in watched}
     out = run(pipeline_repo, "dvc", "repro")
@@ -106,7 +137,10 @@ def test_eval_stage_reports_errors_baselines_and_plots(pipeline_repo: Path) -> N
     assert set(report["ratio_to_hold_still"]) == {"position_mm", "rotation_deg", "width_mm"}
     per_step = json.loads((pipeline_repo / "metrics/eval_per_step.json").read_text())
     assert [row["step"] for row in per_step] == list(range(1, 17))
-    assert {p.name for p in (pipeline_repo / "metrics/plots/eval").iterdir()} == {"predicted_vs_recorded.png", "error_vs_horizon.png"}
+    assert {p.name for p in (pipeline_repo / "metrics/plots/eval").iterdir()} == {
+        "predicted_vs_recorded.png",
+        "error_vs_horizon.png",
+    }
     shown = run(pipeline_repo, "dvc", "metrics", "show")
     assert "metrics/eval.json" in shown
 
@@ -116,6 +150,11 @@ def test_manifest_is_identical_in_another_checkout_location(pipeline_repo: Path,
     shorten_training(other)
     shutil.copytree(pipeline_repo / "data/raw", other / "data/raw")
     run(other, "dvc", "repro")
-    for output in ("data/manifest.json", "data/stats/stats.json", "metrics/dataset.json", "data/policy/model.safetensors",
-                   "metrics/eval.json"):
+    for output in (
+        "data/manifest.json",
+        "data/stats/stats.json",
+        "metrics/dataset.json",
+        "data/policy/model.safetensors",
+        "metrics/eval.json",
+    ):
         assert (other / output).read_bytes() == (pipeline_repo / output).read_bytes(), output

@@ -22,7 +22,17 @@ def url(server: LoopbackSshd, folder: Path, port: int | None = None) -> str:
 
 
 def add_remote(repo: Path, name: str, server: LoopbackSshd, folder: Path, port: int | None = None) -> None:
-    run(repo, "policypipe", "remote", "add", name, url(server, folder, port), "--keyfile", str(server.client_key), "--no-default")
+    run(
+        repo,
+        "policypipe",
+        "remote",
+        "add",
+        name,
+        url(server, folder, port),
+        "--keyfile",
+        str(server.client_key),
+        "--no-default",
+    )
 
 
 def remote_objects(folder: Path) -> list[Path]:
@@ -66,7 +76,9 @@ def test_the_default_remote_beside_the_checkout_works_out_of_the_box(pipeline_re
     assert_pulled_outputs_verify(clone, pipeline_repo)
 
 
-def test_push_then_pull_on_a_fresh_machine_verifies(pipeline_repo: Path, sshd: LoopbackSshd, pushed: Path, tmp_path: Path) -> None:
+def test_push_then_pull_on_a_fresh_machine_verifies(
+    pipeline_repo: Path, sshd: LoopbackSshd, pushed: Path, tmp_path: Path
+) -> None:
     assert len(remote_objects(pushed)) == len(cache_objects(pipeline_repo))
     clone = fresh_clone(pipeline_repo, tmp_path / "server-checkout")
     add_remote(clone, "server", sshd, pushed)
@@ -81,7 +93,9 @@ def test_push_then_pull_on_a_fresh_machine_verifies(pipeline_repo: Path, sshd: L
             assert f"{f['sha256']}  {f['path']}" in shown
 
 
-def test_an_interrupted_push_is_completed_by_the_next_push(pipeline_repo: Path, sshd: LoopbackSshd, tmp_path: Path) -> None:
+def test_an_interrupted_push_is_completed_by_the_next_push(
+    pipeline_repo: Path, sshd: LoopbackSshd, tmp_path: Path
+) -> None:
     folder = tmp_path / "remote-cut"
     folder.mkdir()
     total = sum(p.stat().st_size for p in cache_objects(pipeline_repo))
@@ -119,8 +133,12 @@ def test_a_pull_from_a_remote_with_a_corrupted_object_fails_loudly(
     add_remote(clone, "server", sshd, folder)
     failed = run_failing(clone, "dvc", "pull", "-r", "server")
     assert "ERROR" in failed.stderr and "data/policy" in failed.stderr
-    assert not (clone / "data/policy/model.safetensors").exists()  # the damaged weights never reach the workspace
-    assert run(clone, "policypipe", "verify", "data/dataset.zarr").startswith("OK")  # the rest was pulled intact
+    assert not (
+        clone / "data/policy/model.safetensors"
+    ).exists()  # the damaged weights never reach the workspace
+    assert run(clone, "policypipe", "verify", "data/dataset.zarr").startswith(
+        "OK"
+    )  # the rest was pulled intact
 
 
 @pytest.fixture
@@ -140,7 +158,9 @@ def test_remote_add_keeps_the_key_out_of_git(small_repo: Path, sshd: LoopbackSsh
     assert "keyfile" not in committed and str(sshd.client_key) in local
     assert 'remote "server"' in committed and "verify = true" in committed
     subprocess.run(["git", "check-ignore", "-q", ".dvc/config.local"], cwd=small_repo, check=True)
-    missing = run_failing(small_repo, "policypipe", "remote", "add", "other", "ssh://h/x", "--keyfile", "/nonexistent/key")
+    missing = run_failing(
+        small_repo, "policypipe", "remote", "add", "other", "ssh://h/x", "--keyfile", "/nonexistent/key"
+    )
     assert "/nonexistent/key does not exist" in missing.stderr
 
 
@@ -153,7 +173,9 @@ def test_remote_add_refuses_a_password_in_the_url(tmp_path: Path, password: str)
     run(repo, "dvc", "init", "-q")
     before = {p: p.read_bytes() for p in (repo / ".dvc").rglob("*") if p.is_file()}
 
-    refused = run_failing(repo, "policypipe", "remote", "add", "server", f"ssh://me:{password}@127.0.0.1/srv/dvc")
+    refused = run_failing(
+        repo, "policypipe", "remote", "add", "server", f"ssh://me:{password}@127.0.0.1/srv/dvc"
+    )
 
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "--keyfile" in refused.stderr and "dvc remote modify --local server password" in refused.stderr
@@ -163,8 +185,13 @@ def test_remote_add_refuses_a_password_in_the_url(tmp_path: Path, password: str)
 
 
 def check(repo: Path, known_hosts: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["policypipe", "remote", "check", "server", "--known-hosts", str(known_hosts)],
-                          cwd=repo, env=env(), capture_output=True, text=True)
+    return subprocess.run(
+        ["policypipe", "remote", "check", "server", "--known-hosts", str(known_hosts)],
+        cwd=repo,
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_remote_check_accepts_the_known_key_and_refuses_unknown_or_changed_ones(
@@ -175,7 +202,9 @@ def test_remote_check_accepts_the_known_key_and_refuses_unknown_or_changed_ones(
     done = check(small_repo, known)
     assert done.returncode == 0 and done.stdout.startswith("OK"), done.stderr
 
-    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(known)], check=True, capture_output=True)  # hashed names
+    subprocess.run(
+        ["ssh-keygen", "-q", "-H", "-f", str(known)], check=True, capture_output=True
+    )  # hashed names
     assert "127.0.0.1" not in known.read_text()
     assert check(small_repo, known).returncode == 0
 

@@ -22,7 +22,9 @@ from tests.workspace import checkout_copy, run, shorten_training
 pytestmark = pytest.mark.slow
 
 
-def test_the_server_trains_without_the_export_and_the_laptop_pulls_a_verified_policy(sshd: LoopbackSshd, tmp_path: Path) -> None:
+def test_the_server_trains_without_the_export_and_the_laptop_pulls_a_verified_policy(
+    sshd: LoopbackSshd, tmp_path: Path
+) -> None:
     origin = tmp_path / "origin.git"
     subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
     remote = tmp_path / "dvc-remote"
@@ -33,7 +35,9 @@ def test_the_server_trains_without_the_export_and_the_laptop_pulls_a_verified_po
     run(laptop, "git", "remote", "add", "origin", str(origin))
     run(laptop, "policypipe", "sample", "data/raw", "--recordings", "3", "--seed", "7")
     run(laptop, "dvc", "add", "--quiet", "data/raw")
-    run(laptop, "policypipe", "remote", "add", "server", url, "--keyfile", str(sshd.client_key))  # make remote
+    run(
+        laptop, "policypipe", "remote", "add", "server", url, "--keyfile", str(sshd.client_key)
+    )  # make remote
     run(laptop, "dvc", "repro", "stats")
     run(laptop, "git", "add", "-A")
     run(laptop, "git", "commit", "-qm", "dataset and statistics")
@@ -51,7 +55,9 @@ def test_the_server_trains_without_the_export_and_the_laptop_pulls_a_verified_po
     assert "Running stage 'pair'" not in shown and "Running stage 'convert'" not in shown
     assert not (server / "data/raw").exists()
     log = [json.loads(line) for line in (server / "data/train/log.jsonl").read_text().splitlines()]
-    assert log[-1]["step"] == json.loads((server / "metrics/train.json").read_text())["steps"]  # the monitoring file
+    assert (
+        log[-1]["step"] == json.loads((server / "metrics/train.json").read_text())["steps"]
+    )  # the monitoring file
     run(server, "git", "add", "-A")
     run(server, "git", "commit", "-qm", "trained on the server")
     run(server, "git", "push", "-q", "origin", "main")
@@ -61,7 +67,9 @@ def test_the_server_trains_without_the_export_and_the_laptop_pulls_a_verified_po
     run(laptop, "git", "pull", "-q", "origin", "main")
     run(laptop, "dvc", "pull", "data/policy")
     assert run(laptop, "policypipe", "verify", "data/policy").startswith("OK")
-    assert (laptop / "data/policy/model.safetensors").read_bytes() == (server / "data/policy/model.safetensors").read_bytes()
+    assert (laptop / "data/policy/model.safetensors").read_bytes() == (
+        server / "data/policy/model.safetensors"
+    ).read_bytes()
     lineage = run(laptop, "policypipe", "lineage", "data/policy")
     manifest = json.loads((laptop / "data/manifest.json").read_text())
     for recording in manifest["recordings"]:

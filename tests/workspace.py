@@ -11,8 +11,10 @@ from pathlib import Path
 from tests.conftest import REPO_ROOT
 
 GIT_ENV = {
-    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
 }
 
 
@@ -30,16 +32,24 @@ def run(cwd: Path, *args: str, timeout_s: float = 600) -> str:
 def run_failing(cwd: Path, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
     """Runs a command that is expected to fail; the caller checks how."""
     done = subprocess.run(args, cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout_s)
-    assert done.returncode != 0, f"{' '.join(args)} succeeded but should have failed:\n{done.stdout}\n{done.stderr}"
+    assert done.returncode != 0, (
+        f"{' '.join(args)} succeeded but should have failed:\n{done.stdout}\n{done.stderr}"
+    )
     return done
 
 
 def checkout_copy(dest: Path) -> Path:
     """This working tree's files (tracked and untracked, not ignored) in a fresh git repository."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO_ROOT, capture_output=True, check=True,
-    ).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, listed):
         src = REPO_ROOT / rel
         if src.is_file() and not rel.startswith("data/"):
@@ -56,7 +66,14 @@ def shorten_training(repo: Path) -> None:
     import yaml
 
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["train"] |= {"steps": 6, "batch_size": 8, "val_every": 3, "val_batches": 1, "checkpoint_every": 3, "num_workers": 0}
+    params["train"] |= {
+        "steps": 6,
+        "batch_size": 8,
+        "val_every": 3,
+        "val_batches": 1,
+        "checkpoint_every": 3,
+        "num_workers": 0,
+    }
     params["eval"] |= {"stride": 16, "spread_observations": 2, "spread_samples": 3}
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(repo, "git", "commit", "-qam", "short training")

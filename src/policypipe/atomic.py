@@ -61,7 +61,9 @@ def _fsync_dir(directory: Path) -> None:
 MANIFEST = "manifest.json"
 
 
-def write_folder_atomic(folder: Path, writers: dict[str, Callable[[Path], None]], extra: dict[str, Any] | None = None) -> Path:
+def write_folder_atomic(
+    folder: Path, writers: dict[str, Callable[[Path], None]], extra: dict[str, Any] | None = None
+) -> Path:
     """Builds a folder under a temporary name, then renames it into place.
 
     `writers` maps file names to functions that write that file. A `manifest.json` with the

@@ -14,7 +14,11 @@ def _sample(args: argparse.Namespace) -> int:
 
     try:
         config = SampleConfig(
-            recordings=args.recordings, seed=args.seed, camera=args.camera, defects=args.defects, task=args.task
+            recordings=args.recordings,
+            seed=args.seed,
+            camera=args.camera,
+            defects=args.defects,
+            task=args.task,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -27,8 +31,13 @@ def _sample(args: argparse.Namespace) -> int:
         return 2
     print(
         f"wrote {len(export.good_stems)} recordings"
-        + (f" and {sum(len(v) for v in export.defects.values())} defect files ({len(export.defects)} kinds)" if export.defects else "")
-        + f" to {args.out_dir}: {export.files} files, {export.bytes / 1e6:.1f} MB in {time.monotonic() - t0:.1f} s"
+        + (
+            f" and {sum(len(v) for v in export.defects.values())} defect files ({len(export.defects)} kinds)"
+            if export.defects
+            else ""
+        )
+        + f" to {args.out_dir}: {export.files} files, "
+        f"{export.bytes / 1e6:.1f} MB in {time.monotonic() - t0:.1f} s"
     )
     return 0
 
@@ -83,11 +92,18 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"OK {target}: every file matches its manifest")
         return 0
     if not (target / "zarr.json").is_file():
-        print(f"error: {target} is neither a dataset (zarr.json) nor a policy or checkpoint (manifest.json)", file=sys.stderr)
+        print(
+            f"error: {target} is neither a dataset (zarr.json) nor a policy or checkpoint (manifest.json)",
+            file=sys.stderr,
+        )
         return 2
     record_path = args.record or _find_record(target)
     if record_path is None:
-        print(f"error: no record of {target} found (data/stats/stats.json or metrics/dataset.json); pass --record", file=sys.stderr)
+        print(
+            f"error: no record of {target} found "
+            "(data/stats/stats.json or metrics/dataset.json); pass --record",
+            file=sys.stderr,
+        )
         return 2
     try:
         record = json.loads(Path(record_path).read_text())
@@ -114,7 +130,9 @@ def _smoke(args: argparse.Namespace) -> int:
     from policypipe.training.smoke import run_smoke
 
     try:
-        config = train_config_from_params(read_section(args.params, "train"), read_section(args.params, "policy"))
+        config = train_config_from_params(
+            read_section(args.params, "train"), read_section(args.params, "policy")
+        )
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -122,7 +140,11 @@ def _smoke(args: argparse.Namespace) -> int:
         if not path.exists():
             print(f"error: {path} not found: run `dvc repro stats` (or `dvc pull`) first", file=sys.stderr)
             return 2
-    print(f"smoke: {args.steps} steps, interrupted at {max(1, args.steps // 2)} and resumed in a fresh process ...", flush=True)
+    print(
+        f"smoke: {args.steps} steps, interrupted at {max(1, args.steps // 2)} "
+        "and resumed in a fresh process ...",
+        flush=True,
+    )
     try:
         report = run_smoke(args.dataset, args.stats, config, steps=args.steps)
     except ConfigError as exc:  # statistics made for other windows
@@ -130,8 +152,11 @@ def _smoke(args: argparse.Namespace) -> int:
         return 2
     gpu = f", peak GPU memory {report.peak_gpu_mb:.0f} MB" if report.peak_gpu_mb is not None else ""
     if report.ok:
-        print(f"smoke OK: step, learning rate, loss and weights continue seamlessly after resuming ({report.comparison}); "
-              f"peak RSS {report.peak_rss_mb:.0f} MB{gpu}; {report.seconds:.0f} s")
+        print(
+            "smoke OK: step, learning rate, loss and weights continue seamlessly "
+            f"after resuming ({report.comparison}); "
+            f"peak RSS {report.peak_rss_mb:.0f} MB{gpu}; {report.seconds:.0f} s"
+        )
         return 0
     print("smoke FAILED: " + "; ".join(report.problems))
     return 1
@@ -161,11 +186,18 @@ def _compare(args: argparse.Namespace) -> int:
     for name, side in sides.items():
         resolved = [p.resolve() for p in side]
         if len(set(resolved)) < len(resolved):
-            print(f"error: side {name} lists the same policy twice: each folder must be another seed "
-                  "(a repeat would count one seed twice and narrow the CI)", file=sys.stderr)
+            print(
+                f"error: side {name} lists the same policy twice: each folder must be another seed "
+                "(a repeat would count one seed twice and narrow the CI)",
+                file=sys.stderr,
+            )
             return 2
     try:
-        config = from_mapping(EvalConfig, read_section(args.params, "eval"), "eval") if args.params.is_file() else EvalConfig()
+        config = (
+            from_mapping(EvalConfig, read_section(args.params, "eval"), "eval")
+            if args.params.is_file()
+            else EvalConfig()
+        )
         loaded = {name: [load_policy(p) for p in side] for name, side in sides.items()}
         if args.sample_b:
             if "B" not in loaded:
@@ -228,9 +260,14 @@ def _remote_add(args: argparse.Namespace) -> int:
     except RemoteError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    key_note = "key file in .dvc/config.local (not in git)" if args.keyfile else "no key file: ssh's own choice"
-    print(f"remote {args.name!r} = {args.url} ({'default, ' if not args.no_default else ''}downloads verified) in .dvc/config; "
-          f"{key_note}.\nNext: `policypipe remote check {args.name}`, then `dvc push`.")
+    key_note = (
+        "key file in .dvc/config.local (not in git)" if args.keyfile else "no key file: ssh's own choice"
+    )
+    print(
+        f"remote {args.name!r} = {args.url} ({'default, ' if not args.no_default else ''}downloads verified) "
+        "in .dvc/config; "
+        f"{key_note}.\nNext: `policypipe remote check {args.name}`, then `dvc push`."
+    )
     if target.user is None:
         print("note: the URL names no user: ssh uses your local user name (or ~/.ssh/config).")
     return 0
@@ -263,7 +300,9 @@ def _doctor(args: argparse.Namespace) -> int:
 
     repo = Path.cwd()
     try:
-        config = train_config_from_params(read_section(repo / "params.yaml", "train"), read_section(repo / "params.yaml", "policy"))
+        config = train_config_from_params(
+            read_section(repo / "params.yaml", "train"), read_section(repo / "params.yaml", "policy")
+        )
         convert = read_section(repo / "params.yaml", "convert")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -275,8 +314,13 @@ def _doctor(args: argparse.Namespace) -> int:
     if not (repo / "data/dataset.zarr").exists() and metrics.is_file():
         m = json.loads(metrics.read_text())
         needed["dataset"] = int(m.get("frames", 0) * m.get("bytes_per_frame", 0))
-    checks = [doctor.check_gpus, doctor.check_gpu_processes, lambda: doctor.check_disk(repo, needed),
-              lambda: doctor.check_lock(repo / "requirements.lock"), lambda: doctor.check_remote(repo, args.known_hosts)]
+    checks = [
+        doctor.check_gpus,
+        doctor.check_gpu_processes,
+        lambda: doctor.check_disk(repo, needed),
+        lambda: doctor.check_lock(repo / "requirements.lock"),
+        lambda: doctor.check_remote(repo, args.known_hosts),
+    ]
     if config.launcher == "slurm" or convert.get("executor") == "slurm":
         checks.append(doctor.check_slurm)
     results = doctor.run_checks(checks)
@@ -288,25 +332,42 @@ def _doctor(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="policypipe",
-        description="Demonstrations to a trained, evaluated Diffusion Policy. Run the pipeline with `dvc repro`; "
+        description="Demonstrations to a trained, evaluated Diffusion Policy. "
+        "Run the pipeline with `dvc repro`; "
         "these commands are the tasks around it.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("sample", help="write a sample export folder (recordings of a pick-and-place task)",
-                       description="Write a deterministic export folder in the studio's format, for demos and tests.")
-    p.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="folder to create (must not exist or be empty)")
+    p = sub.add_parser(
+        "sample",
+        help="write a sample export folder (recordings of a pick-and-place task)",
+        description="Write a deterministic export folder in the studio's format, for demos and tests.",
+    )
+    p.add_argument(
+        "out_dir", type=Path, metavar="OUT_DIR", help="folder to create (must not exist or be empty)"
+    )
     p.add_argument("--recordings", type=int, default=32, help="good recordings to write (default: 32)")
     p.add_argument("--seed", type=int, default=0, help="same seed, byte-identical files (default: 0)")
-    p.add_argument("--camera", choices=["image", "video"], default="image",
-                   help="JPEG CompressedImage or H.264 CompressedVideo (default: image)")
-    p.add_argument("--defects", action=argparse.BooleanOptionalAction, default=True,
-                   help="add the broken files a real export has (default: on)")
+    p.add_argument(
+        "--camera",
+        choices=["image", "video"],
+        default="image",
+        help="JPEG CompressedImage or H.264 CompressedVideo (default: image)",
+    )
+    p.add_argument(
+        "--defects",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="add the broken files a real export has (default: on)",
+    )
     p.add_argument("--task", default="pick_place", help="task name written to the status files")
     p.set_defaults(func=_sample)
 
-    p = sub.add_parser("pair", help="check an export folder: what pairs, what is rejected and why",
-                       description="Pair S.mcap / S_vio.mcap / S_vio.json by exact stem and report every other file.")
+    p = sub.add_parser(
+        "pair",
+        help="check an export folder: what pairs, what is rejected and why",
+        description="Pair S.mcap / S_vio.mcap / S_vio.json by exact stem and report every other file.",
+    )
     p.add_argument("export", type=Path, metavar="EXPORT_DIR")
     p.add_argument("--task", default=None, help="reject recordings of another task")
     p.add_argument("--accept-truncated", action="store_true", help="accept _vio.mcap files without footer")
@@ -314,72 +375,129 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="list every rejected file")
     p.set_defaults(func=_pair)
 
-    p = sub.add_parser("verify", help="check a dataset, policy or checkpoint against what the pipeline recorded",
-                       description="Recompute a dataset's fingerprint (its logical content) and compare it with the "
-                       "pipeline's record: after a copy to a server, a dvc pull, or to catch corruption.")
-    p.add_argument("path", type=Path, metavar="PATH", help="a dataset (zarr store), an exported policy or a checkpoint")
-    p.add_argument("--record", type=Path, default=None,
-                   help="the record to check against (default: data/stats/stats.json or metrics/dataset.json of the repository)")
+    p = sub.add_parser(
+        "verify",
+        help="check a dataset, policy or checkpoint against what the pipeline recorded",
+        description="Recompute a dataset's fingerprint (its logical content) and compare it with the "
+        "pipeline's record: after a copy to a server, a dvc pull, or to catch corruption.",
+    )
+    p.add_argument(
+        "path", type=Path, metavar="PATH", help="a dataset (zarr store), an exported policy or a checkpoint"
+    )
+    p.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        help="the record to check against (default: "
+        "data/stats/stats.json or metrics/dataset.json of the repository)",
+    )
     p.set_defaults(func=_verify)
 
-    p = sub.add_parser("smoke", help="check training end to end in a scratch folder before committing GPUs",
-                       description="Build the model from params.yaml, train a few steps on real batches, interrupt, "
-                       "resume in a fresh process and check that everything continues seamlessly. Touches no run folder.")
+    p = sub.add_parser(
+        "smoke",
+        help="check training end to end in a scratch folder before committing GPUs",
+        description="Build the model from params.yaml, train a few steps on real batches, interrupt, "
+        "resume in a fresh process and check that everything continues seamlessly. Touches no run folder.",
+    )
     p.add_argument("--dataset", type=Path, default=Path("data/dataset.zarr"))
     p.add_argument("--stats", type=Path, default=Path("data/stats/stats.json"))
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.add_argument("--steps", type=int, default=6)
     p.set_defaults(func=_smoke)
 
-    p = sub.add_parser("compare", help="policies against the baselines or each other, 95%% CIs over seeds and samples",
-                       description="Evaluate exported policies on the same validation samples. Each side takes one or more "
-                       "policy folders: the seeds of one configuration. Alone, side A is reported against the baselines "
-                       "(hold still, mean motion, constant velocity) with the ratio to the best one and the camera ablation "
-                       "gap; with --against, the difference B - A is added. Every 95% CI is a two-level bootstrap (seeds, "
-                       "then samples, shared by all quantities): with one seed per side it covers samples only, and says so.")
+    p = sub.add_parser(
+        "compare",
+        help="policies against the baselines or each other, 95%% CIs over seeds and samples",
+        description="Evaluate exported policies on the same validation samples. Each side takes one or more "
+        "policy folders: the seeds of one configuration. Alone, side A is reported against the baselines "
+        "(hold still, mean motion, constant velocity) with the ratio to the best one and the camera ablation "
+        "gap; with --against, the difference B - A is added. Every 95% CI is a two-level bootstrap (seeds, "
+        "then samples, shared by all quantities): with one seed per side "
+        "it covers samples only, and says so.",
+    )
     p.add_argument("a", type=Path, nargs="+", metavar="POLICY_A", help="side A: one policy folder per seed")
-    p.add_argument("--against", type=Path, nargs="+", default=None, metavar="POLICY_B",
-                   help="side B: one policy folder per seed")
-    p.add_argument("--sample-b", action="append", default=[], metavar="KEY=VALUE",
-                   help="side B samples this way (timestep_spacing, num_inference_steps): with the same folders on "
-                   "both sides, measures a sampling choice on trained policies")
+    p.add_argument(
+        "--against",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="POLICY_B",
+        help="side B: one policy folder per seed",
+    )
+    p.add_argument(
+        "--sample-b",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="side B samples this way (timestep_spacing, num_inference_steps): with the same folders on "
+        "both sides, measures a sampling choice on trained policies",
+    )
     p.add_argument("--dataset", type=Path, default=Path("data/dataset.zarr"))
     p.add_argument("--stats", type=Path, default=Path("data/stats/stats.json"))
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
-    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the full result as JSON")
+    p.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="also write the full result as JSON"
+    )
     p.set_defaults(func=_compare)
 
-    p = sub.add_parser("doctor", help="check this machine before a run: GPUs, leftover GPU processes, disk, packages, "
-                       "remote, Slurm", description="Read-only checks, run from the repository root: GPUs visible and "
-                       "their free memory; your processes still holding GPU memory (listed with PID and command, never "
-                       "killed); free disk against the checkpoints (and dataset) the run will write; the lock against "
-                       "what is installed; the default DVC remote (SSH: reachable with a known host key); Slurm, when "
-                       "convert.executor or train.launcher is slurm. Exit status 1 if any check fails.")
+    p = sub.add_parser(
+        "doctor",
+        help="check this machine before a run: GPUs, leftover GPU processes, disk, packages, remote, Slurm",
+        description="Read-only checks, run from the repository root: GPUs visible and "
+        "their free memory; your processes still holding GPU memory (listed with PID and command, never "
+        "killed); free disk against the checkpoints (and dataset) the run will write; the lock against "
+        "what is installed; the default DVC remote (SSH: reachable with a known host key); Slurm, when "
+        "convert.executor or train.launcher is slurm. Exit status 1 if any check fails.",
+    )
     p.add_argument("--known-hosts", type=Path, default=Path.home() / ".ssh" / "known_hosts")
     p.set_defaults(func=_doctor)
 
-    p = sub.add_parser("lineage", help="where a policy, checkpoint or dataset came from, down to each recording",
-                       description="Walk back from a policy, a checkpoint or the dataset through the stages' provenance "
-                       "records: train run, dataset fingerprint, convert run, manifest, pair run and every recording's "
-                       "SHA-256, with the commit and machine of each run. Exit status 1 if a link is missing.")
-    p.add_argument("path", type=Path, metavar="PATH", help="data/policy, a checkpoint folder, data/dataset.zarr or a manifest")
+    p = sub.add_parser(
+        "lineage",
+        help="where a policy, checkpoint or dataset came from, down to each recording",
+        description="Walk back from a policy, a checkpoint or the dataset through the stages' provenance "
+        "records: train run, dataset fingerprint, convert run, manifest, pair run and every recording's "
+        "SHA-256, with the commit and machine of each run. Exit status 1 if a link is missing.",
+    )
+    p.add_argument(
+        "path",
+        type=Path,
+        metavar="PATH",
+        help="data/policy, a checkpoint folder, data/dataset.zarr or a manifest",
+    )
     p.add_argument("--json", action="store_true", help="print the chain as JSON")
     p.set_defaults(func=_lineage)
 
-    remote = sub.add_parser("remote", help="set up an SSH remote for dvc push/pull, and check its host key",
-                            description="DVC remotes on an SSH server.").add_subparsers(dest="action", required=True)
-    p = remote.add_parser("add", help="add an SSH remote: URL in .dvc/config, key file in .dvc/config.local",
-                          description="`dvc remote add` for an SSH server, with every download's hash verified; the key "
-                          "file's path goes to .dvc/config.local, which git ignores.")
+    remote = sub.add_parser(
+        "remote",
+        help="set up an SSH remote for dvc push/pull, and check its host key",
+        description="DVC remotes on an SSH server.",
+    ).add_subparsers(dest="action", required=True)
+    p = remote.add_parser(
+        "add",
+        help="add an SSH remote: URL in .dvc/config, key file in .dvc/config.local",
+        description="`dvc remote add` for an SSH server, with every download's hash verified; the key "
+        "file's path goes to .dvc/config.local, which git ignores.",
+    )
     p.add_argument("name", metavar="NAME")
     p.add_argument("url", metavar="URL", help="ssh://[user@]host[:port]/absolute/path/on/the/server")
-    p.add_argument("--keyfile", type=Path, default=None, help="private key (default: ssh's own choice, e.g. ~/.ssh/id_ed25519)")
+    p.add_argument(
+        "--keyfile",
+        type=Path,
+        default=None,
+        help="private key (default: ssh's own choice, e.g. ~/.ssh/id_ed25519)",
+    )
     p.add_argument("--no-default", action="store_true", help="do not make it the default remote")
     p.set_defaults(func=_remote_add)
-    p = remote.add_parser("check", help="verify the server's host key against known_hosts (dvc-ssh does not)",
-                          description="Compare the host key the remote's server presents with your known_hosts. Refuses "
-                          "(exit status 3) an unknown or changed key. Run it before `dvc push` to a new server.")
-    p.add_argument("name", nargs="?", default=None, metavar="NAME", help="remote name (default: the default remote)")
+    p = remote.add_parser(
+        "check",
+        help="verify the server's host key against known_hosts (dvc-ssh does not)",
+        description="Compare the host key the remote's server presents with your known_hosts. Refuses "
+        "(exit status 3) an unknown or changed key. Run it before `dvc push` to a new server.",
+    )
+    p.add_argument(
+        "name", nargs="?", default=None, metavar="NAME", help="remote name (default: the default remote)"
+    )
     p.add_argument("--known-hosts", type=Path, default=Path("~/.ssh/known_hosts").expanduser())
     p.set_defaults(func=_remote_check)
     return parser

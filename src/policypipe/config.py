@@ -32,7 +32,9 @@ def read_section(params_file: Path, section: str) -> dict[str, Any]:
 
     params_file = Path(params_file)
     if not params_file.is_file():
-        raise ConfigError(f"{params_file} not found in {Path.cwd()}: run from the repository root (dvc repro does)")
+        raise ConfigError(
+            f"{params_file} not found in {Path.cwd()}: run from the repository root (dvc repro does)"
+        )
     params = YAML(typ="safe", pure=True).load(params_file.read_text()) or {}
     if section not in params:
         raise ConfigError(f"{params_file} has no [{section}] section; add it (see README, 'Parameters')")
@@ -85,7 +87,9 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a mapping of {', '.join(f.name for f in dataclasses.fields(hint))}")
+            raise ConfigError(
+                f"{key}: expected a mapping of {', '.join(f.name for f in dataclasses.fields(hint))}"
+            )
         return from_mapping(hint, value, key)
     if hint is bool:
         if not isinstance(value, bool):
@@ -117,6 +121,7 @@ def require_same_window(stats: Mapping[str, Any], window: Mapping[str, Any], use
     wanted = {k: window[k] for k in ("n_obs_steps", "horizon", "n_action_steps")}
     if recorded != wanted:
         raise ConfigError(
-            f"the statistics were computed for windows {recorded}, {used_by} has {wanted}: the [policy] section of "
+            f"the statistics were computed for windows {recorded}, {used_by} has {wanted}: "
+            "the [policy] section of "
             "params.yaml changed since `stats` ran; run `dvc repro` (it reruns stats, then train and eval)"
         )

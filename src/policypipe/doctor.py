@@ -37,8 +37,12 @@ def _gib(n: float) -> str:
 def _nvidia_smi(query: str, fields: str) -> list[list[str]] | None:
     if shutil.which("nvidia-smi") is None:
         return None
-    done = subprocess.run(["nvidia-smi", f"--query-{query}={fields}", "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["nvidia-smi", f"--query-{query}={fields}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if done.returncode != 0:
         return None
     return [[cell.strip() for cell in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
@@ -47,10 +51,15 @@ def _nvidia_smi(query: str, fields: str) -> list[list[str]] | None:
 def check_gpus() -> Check:
     rows = _nvidia_smi("gpu", "index,name,memory.total,memory.free")
     if rows is None:
-        return Check("gpus", "warn", "no NVIDIA GPU visible (no nvidia-smi, or it failed): training runs on the CPU")
+        return Check(
+            "gpus", "warn", "no NVIDIA GPU visible (no nvidia-smi, or it failed): training runs on the CPU"
+        )
     if not rows:
         return Check("gpus", "warn", "nvidia-smi lists no GPU: training runs on the CPU")
-    parts = [f"{i}: {name}, {int(free) / 1024:.1f} of {int(total) / 1024:.1f} GiB free" for i, name, total, free in rows]
+    parts = [
+        f"{i}: {name}, {int(free) / 1024:.1f} of {int(total) / 1024:.1f} GiB free"
+        for i, name, total, free in rows
+    ]
     return Check("gpus", "ok", "; ".join(parts))
 
 
@@ -77,12 +86,17 @@ def check_gpu_processes() -> Check:
     rows = _nvidia_smi("compute-apps", "pid,used_memory")
     if rows is None:
         return Check("gpu processes", "ok", "no NVIDIA GPU to hold memory")
-    mine = [(int(pid), used) for pid, used in rows if pid.isdigit() and _process_owner(int(pid)) == os.getuid()]
+    mine = [
+        (int(pid), used) for pid, used in rows if pid.isdigit() and _process_owner(int(pid)) == os.getuid()
+    ]
     if not mine:
         return Check("gpu processes", "ok", "none of yours holds GPU memory")
     listed = "; ".join(f"PID {pid} ({used} MiB): {_command_line(pid)}" for pid, used in mine)
-    return Check("gpu processes", "warn", f"{len(mine)} of your processes hold GPU memory (end them yourself if they "
-                                          f"are left over): {listed}")
+    return Check(
+        "gpu processes",
+        "warn",
+        f"{len(mine)} of your processes hold GPU memory (end them yourself if they are left over): {listed}",
+    )
 
 
 def check_disk(repo: Path, needed: dict[str, int]) -> Check:
@@ -92,9 +106,15 @@ def check_disk(repo: Path, needed: dict[str, int]) -> Check:
     total = sum(needed.values())
     detail = ", ".join(f"{what} {_gib(n)}" for what, n in needed.items())
     if free < total:
-        return Check("disk", "fail", f"{_gib(free)} free under {data}, the run needs about {_gib(total)} ({detail}): "
-                                     "free space or move data/ to a larger disk")
-    return Check("disk", "ok", f"{_gib(free)} free under {data}; the run needs about {_gib(total)} ({detail})")
+        return Check(
+            "disk",
+            "fail",
+            f"{_gib(free)} free under {data}, the run needs about {_gib(total)} ({detail}): "
+            "free space or move data/ to a larger disk",
+        )
+    return Check(
+        "disk", "ok", f"{_gib(free)} free under {data}; the run needs about {_gib(total)} ({detail})"
+    )
 
 
 _PIN = re.compile(r"^([A-Za-z0-9_.\-]+)==([^\s;]+)")
@@ -118,8 +138,12 @@ def check_lock(lock: Path) -> Check:
         if installed != pinned:
             wrong.append(f"{name} {installed} (lock: {pinned})")
     if wrong:
-        return Check("environment", "fail", f"{len(wrong)} package(s) differ from {lock.name}: {'; '.join(wrong[:8])}"
-                                            f"{' ...' if len(wrong) > 8 else ''}. Run `make setup`")
+        return Check(
+            "environment",
+            "fail",
+            f"{len(wrong)} package(s) differ from {lock.name}: {'; '.join(wrong[:8])}"
+            f"{' ...' if len(wrong) > 8 else ''}. Run `make setup`",
+        )
     return Check("environment", "ok", f"installed packages match {lock.name}")
 
 
@@ -144,7 +168,9 @@ def check_remote(repo: Path, known_hosts: Path) -> Check:
     probe = folder if folder.exists() else folder.parent
     if os.access(probe, os.W_OK):
         return Check("remote", "ok", f"{name}: folder {folder} is writable")
-    return Check("remote", "fail", f"{name}: folder {folder} cannot be written: create it or fix its permissions")
+    return Check(
+        "remote", "fail", f"{name}: folder {folder} cannot be written: create it or fix its permissions"
+    )
 
 
 def check_slurm() -> Check:
@@ -170,5 +196,7 @@ def run_checks(checks: list[Callable[[], Check]]) -> list[Check]:
         try:
             results.append(check())
         except Exception as exc:  # noqa: BLE001 - a check that breaks is reported, the others still run
-            results.append(Check(getattr(check, "__name__", "check"), "fail", f"the check itself failed: {exc!r}"))
+            results.append(
+                Check(getattr(check, "__name__", "check"), "fail", f"the check itself failed: {exc!r}")
+            )
     return results

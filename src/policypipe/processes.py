@@ -27,8 +27,9 @@ def process_pool(workers: int, initializer: Callable[[], None] | None = None) ->
     """A pool of `workers` processes, each running OpenCV with one thread, then `initializer`."""
     single_threaded_opencv()
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_init,
-                               initargs=(initializer,))
+    return ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context(method), initializer=_init, initargs=(initializer,)
+    )
 
 
 def _init(initializer: Callable[[], None] | None) -> None:

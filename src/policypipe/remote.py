@@ -50,7 +50,9 @@ def run_dvc(repo: Path, *args: str) -> str:
     return done.stdout
 
 
-def add_ssh_remote(repo: Path, name: str, url: str, keyfile: Path | None, *, default: bool = True) -> SshTarget:
+def add_ssh_remote(
+    repo: Path, name: str, url: str, keyfile: Path | None, *, default: bool = True
+) -> SshTarget:
     """`dvc remote add` with downloads verified, and the key file in the git-ignored local config."""
     if urlsplit(url).password is not None:
         # The URL goes to .dvc/config, which is committed: a password in it would be in git's
@@ -58,8 +60,10 @@ def add_ssh_remote(repo: Path, name: str, url: str, keyfile: Path | None, *, def
         # is not echoed to a terminal or a CI log either.
         raise RemoteError(
             "the URL holds a password, and the URL is written to .dvc/config, which git tracks. Remove the "
-            "password from the URL and authenticate with a key file (--keyfile PATH), or keep the password out of "
-            f"git with `dvc remote modify --local {name} password ...`, which writes .dvc/config.local (ignored by git)"
+            "password from the URL and authenticate with a key file (--keyfile PATH), "
+            "or keep the password out of "
+            f"git with `dvc remote modify --local {name} password ...`, "
+            "which writes .dvc/config.local (ignored by git)"
         )
     target = parse_ssh_url(url)
     if keyfile is not None:
@@ -106,15 +110,20 @@ class HostKeyCheck:
             return f"OK {where}: host key {self.presented} matches {known_hosts}"
         if self.status == "unknown":
             return (
-                f"REFUSED {where}: {known_hosts} has no key for this host; the server presents {self.presented}.\n"
+                f"REFUSED {where}: {known_hosts} has no key for this host; "
+                f"the server presents {self.presented}.\n"
                 "Compare that fingerprint with the server's own (on the server: "
-                "`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`), then add the key by connecting once with "
+                "`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`), "
+                "then add the key by connecting once with "
                 f"`ssh -p {self.port} {self.host}` and answering yes."
             )
         return (
-            f"REFUSED {where}: THE HOST KEY HAS CHANGED. {known_hosts} has {', '.join(self.known)}; the server presents "
-            f"{self.presented}.\nSomeone may be intercepting the connection, or the server was reinstalled. Ask its "
-            f"admin; only if the change is expected, remove the old key with `ssh-keygen -R '{where}'` and check again."
+            f"REFUSED {where}: THE HOST KEY HAS CHANGED. "
+            f"{known_hosts} has {', '.join(self.known)}; the server presents "
+            f"{self.presented}.\nSomeone may be intercepting the connection, "
+            "or the server was reinstalled. Ask its "
+            "admin; only if the change is expected, "
+            f"remove the old key with `ssh-keygen -R '{where}'` and check again."
         )
 
 
@@ -138,7 +147,9 @@ def check_host_key(host: str, port: int, known_hosts: Path, timeout_s: float = 1
     # Ask for the kinds of key known_hosts holds, as OpenSSH does: a server has several host keys.
     # A server that offers none of them drops the connection; asked for any kind, the key it then
     # presents is a changed one.
-    algorithms = sorted({alg for k in trusted for alg in RSA_SIGNATURES.get(k.get_algorithm(), [k.get_algorithm()])})
+    algorithms = sorted(
+        {alg for k in trusted for alg in RSA_SIGNATURES.get(k.get_algorithm(), [k.get_algorithm()])}
+    )
     key = None
     for kinds in ([algorithms] if algorithms else []) + [()]:
         try:

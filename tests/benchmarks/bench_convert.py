@@ -74,7 +74,9 @@ def _peak_kb():
     return max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 """
 
-PEAK_RSS_SCRIPT = _PEAK_KB + """
+PEAK_RSS_SCRIPT = (
+    _PEAK_KB
+    + """
 import sys
 from pathlib import Path
 from policypipe.dataset.convert import convert_dataset
@@ -83,6 +85,7 @@ convert_dataset(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sy
 # Recordings are decoded in a worker process, the store is assembled here: the larger peak.
 print(_peak_kb())
 """
+)
 
 
 def peak_rss_mb(manifest: dict, keep: int, export: Path, tmp: Path) -> float:
@@ -90,15 +93,27 @@ def peak_rss_mb(manifest: dict, keep: int, export: Path, tmp: Path) -> float:
     subset = tmp / f"manifest_{keep}.json"
     write_json_atomic(subset, manifest | {"recordings": manifest["recordings"][:keep]})
     out = subprocess.run(
-        [sys.executable, "-c", PEAK_RSS_SCRIPT, str(subset), str(export), str(tmp / f"rss_{keep}.zarr"), str(tmp / f"rss_{keep}.cache")],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            PEAK_RSS_SCRIPT,
+            str(subset),
+            str(export),
+            str(tmp / f"rss_{keep}.zarr"),
+            str(tmp / f"rss_{keep}.cache"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return int(out.stdout.split()[-1]) / 1024
 
 
 # ---------------------------------------------------------------- peak RSS of one recording
 
-RECORDING_RSS_SCRIPT = _PEAK_KB + """
+RECORDING_RSS_SCRIPT = (
+    _PEAK_KB
+    + """
 import sys
 from pathlib import Path
 from policypipe.dataset.convert import convert_dataset
@@ -109,9 +124,12 @@ if sys.argv[1] != "imports-only":
 # the benchmark itself would be the largest of all runs so far).
 print(_peak_kb())
 """
+)
 
 
-def write_one_recording(export: Path, stem: str, image_size: tuple[int, int], frames: int, distinct: int = 8) -> None:
+def write_one_recording(
+    export: Path, stem: str, image_size: tuple[int, int], frames: int, distinct: int = 8
+) -> None:
     """A `S_vio.mcap` of `frames` 30 Hz JPEG frames with pose and width, its raw `S.mcap` and
     status json. Rendering and encoding 1,000 1080p frames would take minutes on 2 cores:
     `distinct` rendered frames are encoded once and reused in turn (the decoder cannot tell)."""
@@ -124,7 +142,9 @@ def write_one_recording(export: Path, stem: str, image_size: tuple[int, int], fr
     plan = plan_motion(np.random.default_rng(0), start_ns, duration_s=frames / 30 + 0.5)
     camera_ns = start_ns + 100_000_000 + np.round(np.arange(frames) * 1e9 / 30).astype(np.int64)
     jpegs = [
-        cv2.imencode(".jpg", render_frame(plan, int(t), image_size), [cv2.IMWRITE_JPEG_QUALITY, 80])[1].tobytes()
+        cv2.imencode(".jpg", render_frame(plan, int(t), image_size), [cv2.IMWRITE_JPEG_QUALITY, 80])[
+            1
+        ].tobytes()
         for t in camera_ns[np.linspace(0, frames - 1, distinct).astype(int)]
     ]
     pose_ns = np.arange(start_ns, plan.end_ns, 1_000_000_000 // 150, dtype=np.int64)
@@ -155,9 +175,14 @@ def write_one_recording(export: Path, stem: str, image_size: tuple[int, int], fr
             writer = Writer(f, compression=CompressionType.NONE)  # JPEG does not compress
             writer.start()
             ids = {}
-            for key, topic, message_type in (("image", "/camera0/image", CompressedImage), ("pose", "/vio/pose", PoseInFrame)):
+            for key, topic, message_type in (
+                ("image", "/camera0/image", CompressedImage),
+                ("pose", "/vio/pose", PoseInFrame),
+            ):
                 schema = writer.register_schema(
-                    message_type.DESCRIPTOR.full_name, "protobuf", build_file_descriptor_set(message_type).SerializeToString()
+                    message_type.DESCRIPTOR.full_name,
+                    "protobuf",
+                    build_file_descriptor_set(message_type).SerializeToString(),
                 )
                 ids[key] = writer.register_channel(topic, "protobuf", schema)
             width_schema = writer.register_schema("GripperWidth", "jsonschema", b'{"type":"object"}')
@@ -185,7 +210,9 @@ def recording_peak_rss_mb(tmp: Path, image_size: tuple[int, int] | None, frames:
         manifest = tmp / name / "manifest.json"
         write_json_atomic(manifest, pair_export(export, PairConfig()).manifest())
         args = [str(manifest), str(export), str(tmp / name / "out.zarr"), str(tmp / name / "cache")]
-    out = subprocess.run([sys.executable, "-c", RECORDING_RSS_SCRIPT, *args], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", RECORDING_RSS_SCRIPT, *args], capture_output=True, text=True, check=True
+    )
     return int(out.stdout.split()[-1]) / 1024  # kB -> MB
 
 
@@ -198,23 +225,40 @@ def recording_rss_table(tmp: Path) -> None:
     print(f"peak RSS of converting one recording (fresh process each; imports alone {imports:.0f} MB):")
     for (w, h), frames in cases:
         mb = rss[((w, h), frames)]
-        print(f"  {w:4d}x{h:<4d} {frames:5d} frames   {mb:7.0f} MB   ratio {mb / base:5.2f}   above imports {mb - imports:6.0f} MB")
-    print(f"  (one 1920x1080 RGB frame is {full_frame_mb:.1f} MB; 1,000 of them held at once would be {1000 * full_frame_mb:.0f} MB)")
+        print(
+            f"  {w:4d}x{h:<4d} {frames:5d} frames   {mb:7.0f} MB   ratio {mb / base:5.2f}   above imports {mb - imports:6.0f} MB"
+        )
+    print(
+        f"  (one 1920x1080 RGB frame is {full_frame_mb:.1f} MB; 1,000 of them held at once would be {1000 * full_frame_mb:.0f} MB)"
+    )
 
 
 def codec_table(frames: np.ndarray) -> list[tuple[str, float, float]]:
     def jpeg(q):
-        enc = lambda f: cv2.imencode(".jpg", cv2.cvtColor(f, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, q])[1]  # noqa: E731
-        dec = lambda b: cv2.cvtColor(cv2.imdecode(b, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)  # noqa: E731
+        def enc(f):
+            return cv2.imencode(".jpg", cv2.cvtColor(f, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, q])[1]
+
+        def dec(b):
+            return cv2.cvtColor(cv2.imdecode(b, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+
         return enc, dec
 
     candidates = {
         "jpeg q90 (lossy)": jpeg(90),
         "jpeg q95 (lossy, chosen)": jpeg(95),
-        "png (lossless)": (lambda f: cv2.imencode(".png", f)[1], lambda b: cv2.imdecode(b, cv2.IMREAD_UNCHANGED)),
+        "png (lossless)": (
+            lambda f: cv2.imencode(".png", f)[1],
+            lambda b: cv2.imdecode(b, cv2.IMREAD_UNCHANGED),
+        ),
         "zstd-3 (lossless)": (Zstd(level=3).encode, Zstd(level=3).decode),
-        "blosc-zstd-5 (lossless)": (Blosc("zstd", 5, Blosc.NOSHUFFLE).encode, Blosc("zstd", 5, Blosc.NOSHUFFLE).decode),
-        "blosc-lz4-5 (lossless)": (Blosc("lz4", 5, Blosc.NOSHUFFLE).encode, Blosc("lz4", 5, Blosc.NOSHUFFLE).decode),
+        "blosc-zstd-5 (lossless)": (
+            Blosc("zstd", 5, Blosc.NOSHUFFLE).encode,
+            Blosc("zstd", 5, Blosc.NOSHUFFLE).decode,
+        ),
+        "blosc-lz4-5 (lossless)": (
+            Blosc("lz4", 5, Blosc.NOSHUFFLE).encode,
+            Blosc("lz4", 5, Blosc.NOSHUFFLE).decode,
+        ),
     }
     rows = []
     for name, (encode, decode) in candidates.items():
@@ -222,7 +266,9 @@ def codec_table(frames: np.ndarray) -> list[tuple[str, float, float]]:
         t0 = time.perf_counter()
         for b in blobs:
             decode(b)
-        rows.append((name, float(np.mean([len(b) for b in blobs])), 1e6 * (time.perf_counter() - t0) / len(blobs)))
+        rows.append(
+            (name, float(np.mean([len(b) for b in blobs])), 1e6 * (time.perf_counter() - t0) / len(blobs))
+        )
     return rows
 
 
@@ -236,7 +282,9 @@ def main() -> None:
         if args.only_rss:
             recording_rss_table(tmp)
             return
-        export = write_sample_export(tmp / "raw", SampleConfig(recordings=args.recordings, seed=1, defects=False)).root
+        export = write_sample_export(
+            tmp / "raw", SampleConfig(recordings=args.recordings, seed=1, defects=False)
+        ).root
         result = pair_export(export, PairConfig())
         manifest = tmp / "manifest.json"
         write_json_atomic(manifest, result.manifest())
@@ -248,16 +296,26 @@ def main() -> None:
         two_s, _ = timed_convert(manifest, export, tmp / "two.zarr", replace(config, workers=2))
         bare_fps, one_fps, two_fps = frames / bare_s, frames / one_s, frames / two_s
         m = converted.metrics()
-        print(f"conversion of {args.recordings} sample recordings, {frames} camera frames at 320x240 -> {config.image_size}")
+        print(
+            f"conversion of {args.recordings} sample recordings, {frames} camera frames at 320x240 -> {config.image_size}"
+        )
         print(f"  bare decode+resize loop     {bare_fps:8.0f} frames/s   (baseline)")
-        print(f"  convert, 1 worker           {one_fps:8.0f} frames/s   ratio to baseline {one_fps / bare_fps:.2f} (target >= 0.7)")
-        print(f"  convert, 2 workers          {two_fps:8.0f} frames/s   speed-up over 1 worker {two_fps / one_fps:.2f} (target >= 1.7)")
+        print(
+            f"  convert, 1 worker           {one_fps:8.0f} frames/s   ratio to baseline {one_fps / bare_fps:.2f} (target >= 0.7)"
+        )
+        print(
+            f"  convert, 2 workers          {two_fps:8.0f} frames/s   speed-up over 1 worker {two_fps / one_fps:.2f} (target >= 1.7)"
+        )
         print(f"  bytes per frame             {m['bytes_per_frame']:8.0f}")
         print(f"  files per 1,000 frames      {1000 * m['store_files'] / m['frames']:8.1f}")
-        print(f"  one random frame read       {random_frame_read_ms(tmp / 'one.zarr'):8.2f} ms (median of 200)")
+        print(
+            f"  one random frame read       {random_frame_read_ms(tmp / 'one.zarr'):8.2f} ms (median of 200)"
+        )
         few, many = 4, args.recordings
         rss_few, rss_many = (peak_rss_mb(result.manifest(), k, export, tmp) for k in (few, many))
-        print(f"  peak RSS, {few} vs {many} recordings  {rss_few:6.0f} MB vs {rss_many:.0f} MB (ratio {rss_many / rss_few:.2f}; bounded: ~1)")
+        print(
+            f"  peak RSS, {few} vs {many} recordings  {rss_few:6.0f} MB vs {rss_many:.0f} MB (ratio {rss_many / rss_few:.2f}; bounded: ~1)"
+        )
         sample = zarr.open_group(tmp / "one.zarr", mode="r")[layout.RGB][:500]
         print(f"image codecs on {len(sample)} stored frames at {config.image_size}:")
         for name, size, decode_us in codec_table(sample):

@@ -45,7 +45,9 @@ def progress(record: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, required=True, help="one folder per seed is made in it")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -63,13 +65,29 @@ def main() -> None:
     for seed in args.seeds:
         folder = args.out / f"seed{seed}"
         started = time.monotonic()
-        result = train(store=args.dataset, stats=stats, stats_sha256=sha256_file(args.stats),
-                       config=replace(config, seed=seed), run_dir=folder / "run", log_step=progress)
-        save_policy(folder / "policy", result.policy, {"dataset_fingerprint": stats["dataset_fingerprint"]["sha256"],
-                                                       "stats_sha256": sha256_file(args.stats), "steps": result.steps,
-                                                       "overrides": args.overrides})
-        print(f"seed {seed}: {result.steps} steps, best val loss {result.best_val_loss:.4f}, "
-              f"{time.monotonic() - started:.0f} s -> {folder / 'policy'}", flush=True)
+        result = train(
+            store=args.dataset,
+            stats=stats,
+            stats_sha256=sha256_file(args.stats),
+            config=replace(config, seed=seed),
+            run_dir=folder / "run",
+            log_step=progress,
+        )
+        save_policy(
+            folder / "policy",
+            result.policy,
+            {
+                "dataset_fingerprint": stats["dataset_fingerprint"]["sha256"],
+                "stats_sha256": sha256_file(args.stats),
+                "steps": result.steps,
+                "overrides": args.overrides,
+            },
+        )
+        print(
+            f"seed {seed}: {result.steps} steps, best val loss {result.best_val_loss:.4f}, "
+            f"{time.monotonic() - started:.0f} s -> {folder / 'policy'}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

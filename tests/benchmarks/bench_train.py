@@ -33,7 +33,9 @@ REPO = Path(__file__).resolve().parents[2]
 def build_dataset(tmp: Path, recordings: int, image_size: tuple[int, int]) -> tuple[Path, Path]:
     export = write_sample_export(tmp / "raw", SampleConfig(recordings=recordings, seed=2, defects=False)).root
     write_json_atomic(tmp / "manifest.json", pair_export(export, PairConfig()).manifest())
-    convert_dataset(tmp / "manifest.json", export, tmp / "ds.zarr", tmp / "cache", ConvertConfig(image_size=image_size))
+    convert_dataset(
+        tmp / "manifest.json", export, tmp / "ds.zarr", tmp / "cache", ConvertConfig(image_size=image_size)
+    )
     root = zarr.open_group(tmp / "ds.zarr", mode="r")
     stats = compute_statistics(root, WindowConfig(), StatsConfig())
     stats["dataset_fingerprint"] = {"sha256": fingerprint(root).digest}
@@ -51,7 +53,9 @@ def main() -> None:
         if not torch.cuda.is_available():
             raise SystemExit("--gpu needs a CUDA device")
         model = replace(PolicyConfig(), image_size=(224, 224), crop_size=(216, 216))
-        config = replace(TrainConfig(), steps=args.steps, batch_size=64, mixed_precision="bf16", num_workers=8, model=model)
+        config = replace(
+            TrainConfig(), steps=args.steps, batch_size=64, mixed_precision="bf16", num_workers=8, model=model
+        )
     else:
         config = from_mapping(TrainConfig, params["train"], "train")
         config = replace(config, steps=args.steps)
@@ -62,10 +66,14 @@ def main() -> None:
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        result = train(store=store, stats=stats, stats_sha256="bench", config=config, run_dir=Path(tmp) / "run")
+        result = train(
+            store=store, stats=stats, stats_sha256="bench", config=config, run_dir=Path(tmp) / "run"
+        )
         wall = time.perf_counter() - t0
     kind = "real-robot config, bf16, 224x224, GPU" if args.gpu else "demo config (params.yaml), CPU"
-    print(f"training, {kind}: {args.steps} steps of batch {config.batch_size}, {sum(p.numel() for p in result.policy.parameters()):,} parameters")
+    print(
+        f"training, {kind}: {args.steps} steps of batch {config.batch_size}, {sum(p.numel() for p in result.policy.parameters()):,} parameters"
+    )
     print(f"  samples/s                     {result.samples_per_s:8.1f}")
     print(f"  data-wait fraction            {result.data_wait_fraction:8.3f}")
     print(f"  wall time incl. start-up      {wall:8.1f} s")

@@ -19,7 +19,9 @@ def slurm_cluster(tmp_path_factory) -> LoopbackSlurm:
     require_installed(ensure_slurm())
     cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
     previous = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(cluster.conf)  # the client commands of the tests and of the stages they run
+    os.environ["SLURM_CONF"] = str(
+        cluster.conf
+    )  # the client commands of the tests and of the stages they run
     yield cluster
     cluster.stop()
     if previous is None:

@@ -7,9 +7,9 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -22,13 +22,36 @@ from tests.workspace import env, run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-SLURM = {"cpus_per_task": 1, "mem_gb": 1, "time_min": 10, "recordings_per_task": 2, "max_concurrent": 2, "retries": 2}
+SLURM = {
+    "cpus_per_task": 1,
+    "mem_gb": 1,
+    "time_min": 10,
+    "recordings_per_task": 2,
+    "max_concurrent": 2,
+    "retries": 2,
+}
 
 
 def convert(repo: Path, out: str, cache: str) -> dict:
-    run(repo, "python", "stages/convert.py", "--manifest", "data/manifest.json", "--export", "data/raw",
-        "--out", out, "--cache", cache, "--metrics", f"{out}.metrics.json", "--report", f"{out}.report.json",
-        "--provenance", f"{out}.provenance.json")
+    run(
+        repo,
+        "python",
+        "stages/convert.py",
+        "--manifest",
+        "data/manifest.json",
+        "--export",
+        "data/raw",
+        "--out",
+        out,
+        "--cache",
+        cache,
+        "--metrics",
+        f"{out}.metrics.json",
+        "--report",
+        f"{out}.report.json",
+        "--provenance",
+        f"{out}.provenance.json",
+    )
     return json.loads((repo / f"{out}.provenance.json").read_text())
 
 
@@ -46,7 +69,9 @@ def test_slurm_array_gives_the_same_dataset_bytes_as_local(slurm_cluster, paired
 
     assert "Running stage 'convert'" in shown
     assert files(paired_repo / "data/dataset.zarr") == local
-    tasks = json.loads((paired_repo / "metrics/provenance/convert.json").read_text())["details"]["slurm_tasks"]
+    tasks = json.loads((paired_repo / "metrics/provenance/convert.json").read_text())["details"][
+        "slurm_tasks"
+    ]
     assert len(tasks) == 2 and all(t["ok"] for t in tasks)  # 4 recordings, 2 a task
     assert sorted(stem for t in tasks for stem in t["recordings"]) == [f"rec_000{i}" for i in range(1, 5)]
 
@@ -86,14 +111,14 @@ def kill_stuck_tasks(jobs: Path, stems: dict[str, list[str]], stop: threading.Ev
     done: set[str] = set()
     while not stop.is_set():
         processes = slurm_processes(jobs)
-        for job_id in {submitit_id(env) for _, env, wchan in processes if wchan == "wait_for_partner"} - done:
+        for job_id in {submitit_id(task_env) for _, task_env, wchan in processes if wchan == "wait_for_partner"} - done:
             logs = list(jobs.rglob(f"{job_id}_0_log.err"))
             text = logs[0].read_text(errors="replace") if logs else ""
             stem = next((s for s in stems if f"converting {s}" in text), None)
             if stem is None:
                 continue  # its log is not written yet
-            for pid, env, _ in processes:
-                if submitit_id(env) == job_id:
+            for pid, task_env, _ in processes:
+                if submitit_id(task_env) == job_id:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
             done.add(job_id)
@@ -102,7 +127,9 @@ def kill_stuck_tasks(jobs: Path, stems: dict[str, list[str]], stop: threading.Ev
         time.sleep(0.2)
 
 
-def test_a_killed_task_is_retried_and_a_recording_that_always_kills_its_task_is_reported(slurm_cluster, paired_repo: Path) -> None:
+def test_a_killed_task_is_retried_and_a_recording_that_always_kills_its_task_is_reported(
+    slurm_cluster, paired_repo: Path
+) -> None:
     set_params(paired_repo, "convert", executor="slurm", slurm=SLURM)
     manifest = json.loads((paired_repo / "data/manifest.json").read_text())
     recordings = [paired_repo / "data/raw" / r["files"]["vio"]["path"] for r in manifest["recordings"]]
@@ -122,8 +149,11 @@ def test_a_killed_task_is_retried_and_a_recording_that_always_kills_its_task_is_
             os.replace(kept_aside, flaky)  # the flaky recording's retry finds its real file
 
     stop = threading.Event()
-    watcher = threading.Thread(target=kill_stuck_tasks, args=(paired_repo / "data/cache-fail/slurm-jobs", killed, stop,
-                                                              on_kill), daemon=True)
+    watcher = threading.Thread(
+        target=kill_stuck_tasks,
+        args=(paired_repo / "data/cache-fail/slurm-jobs", killed, stop, on_kill),
+        daemon=True,
+    )
     watcher.start()
     try:
         provenance = convert(paired_repo, "data/fail.zarr", "data/cache-fail")
@@ -144,12 +174,16 @@ def test_a_killed_task_is_retried_and_a_recording_that_always_kills_its_task_is_
     assert max(a["attempt"] for a in attempts) == 2
 
 
-def test_doctor_checks_slurm_when_an_executor_is_slurm(slurm_cluster, paired_repo: Path, tmp_path: Path) -> None:
+def test_doctor_checks_slurm_when_an_executor_is_slurm(
+    slurm_cluster, paired_repo: Path, tmp_path: Path
+) -> None:
     set_params(paired_repo, "convert", executor="slurm", slurm=SLURM)
     assert "OK   slurm: Slurmctld(primary) at" in run(paired_repo, "policypipe", "doctor")
     # The same cluster's configuration, its controller's port one where nothing listens.
     down = tmp_path / "slurm.conf"
-    down.write_text(re.sub(r"SlurmctldPort=\d+", f"SlurmctldPort={free_port()}", slurm_cluster.conf.read_text()))
+    down.write_text(
+        re.sub(r"SlurmctldPort=\d+", f"SlurmctldPort={free_port()}", slurm_cluster.conf.read_text())
+    )
     gone = env() | {"SLURM_CONF": str(down)}
     done = subprocess.run(["policypipe", "doctor"], cwd=paired_repo, env=gone, capture_output=True, text=True)
     assert done.returncode == 1 and "FAIL slurm: Slurm's controller does not answer" in done.stdout
@@ -164,10 +198,31 @@ def test_ctrl_c_of_the_stage_cancels_its_jobs(slurm_cluster, paired_repo: Path) 
     os.mkfifo(stuck)  # its task waits there until cancelled
     try:
         stage = subprocess.Popen(
-            ["python", "stages/convert.py", "--manifest", "data/manifest.json", "--export", "data/raw", "--out",
-             "data/ctrl-c.zarr", "--cache", "data/cache-ctrl-c", "--metrics", "m.json", "--report", "r.json",
-             "--provenance", "p.json"], cwd=paired_repo, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            preexec_fn=as_in_a_terminal)
+            [
+                "python",
+                "stages/convert.py",
+                "--manifest",
+                "data/manifest.json",
+                "--export",
+                "data/raw",
+                "--out",
+                "data/ctrl-c.zarr",
+                "--cache",
+                "data/cache-ctrl-c",
+                "--metrics",
+                "m.json",
+                "--report",
+                "r.json",
+                "--provenance",
+                "p.json",
+            ],
+            cwd=paired_repo,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=as_in_a_terminal,
+        )
         jobs = paired_repo / "data/cache-ctrl-c/slurm-jobs"
 
         def stuck_on_the_fifo() -> bool:
@@ -186,6 +241,8 @@ def test_ctrl_c_of_the_stage_cancels_its_jobs(slurm_cluster, paired_repo: Path) 
             os.close(os.open(stuck, os.O_WRONLY | os.O_NONBLOCK))
         os.replace(aside, stuck)
     assert stage.returncode != 0 and "cancelled Slurm job" in stderr
-    queued = subprocess.run(["squeue", "-h", "-n", "policypipe-convert"], capture_output=True, text=True).stdout
+    queued = subprocess.run(
+        ["squeue", "-h", "-n", "policypipe-convert"], capture_output=True, text=True
+    ).stdout
     assert queued.strip() == "" or all(" CG " in line for line in queued.splitlines())  # gone, or completing
     assert not (paired_repo / "data/ctrl-c.zarr").exists()

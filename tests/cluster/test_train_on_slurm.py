@@ -21,7 +21,14 @@ from tests.workspace import env, run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-SHORT = {"steps": 40, "batch_size": 8, "val_every": 10, "val_batches": 1, "checkpoint_every": 10, "num_workers": 2}
+SHORT = {
+    "steps": 40,
+    "batch_size": 8,
+    "val_every": 10,
+    "val_batches": 1,
+    "checkpoint_every": 10,
+    "num_workers": 2,
+}
 
 
 @pytest.fixture(scope="module")
@@ -41,20 +48,30 @@ def last_step(log: Path) -> int:
 
 
 def our_job() -> str | None:
-    out = subprocess.run(["squeue", "-h", "-n", "policypipe-train", "-o", "%i|%T"], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["squeue", "-h", "-n", "policypipe-train", "-o", "%i|%T"], capture_output=True, text=True
+    ).stdout
     running = [line.split("|")[0] for line in out.splitlines() if line.endswith("|RUNNING")]
     return running[0] if running else None
 
 
-def test_usr1_part_way_checkpoints_requeues_and_ends_with_the_uninterrupted_weights(slurm_cluster, repo: Path) -> None:
+def test_usr1_part_way_checkpoints_requeues_and_ends_with_the_uninterrupted_weights(
+    slurm_cluster, repo: Path
+) -> None:
     run(repo, "dvc", "repro", "train")
     uninterrupted = (repo / "data/policy/model.safetensors").read_bytes()
     set_params(repo, "train", launcher="slurm", slurm={"cpus_per_task": 2, "mem_gb": 2, "time_min": 30})
 
     log = repo / "data/train/log.jsonl"
     log.unlink()  # the local run's: the job's own log tells how far it is
-    stage = subprocess.Popen(["dvc", "repro", "train"], cwd=repo, env=env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    stage = subprocess.Popen(
+        ["dvc", "repro", "train"],
+        cwd=repo,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(stage.stdout), daemon=True)
     reader.start()
@@ -84,19 +101,35 @@ def test_usr1_part_way_checkpoints_requeues_and_ends_with_the_uninterrupted_weig
     segments = provenance["details"]["slurm_segments"]
     assert [s["restart_count"] for s in segments] == [0, 1] and {s["job_id"] for s in segments} == {job}
     assert all(s["nodes"] and s["host"] for s in segments)
-    print(f"USR1 at step >= 15: stopped at step {stopped_at}, training again {resumed_after_s:.1f} s after the signal")
+    print(
+        f"USR1 at step >= 15: stopped at step {stopped_at}, training again {resumed_after_s:.1f} s after the signal"
+    )
 
 
 def test_ctrl_c_of_the_stage_cancels_the_job_and_it_does_not_come_back(slurm_cluster, repo: Path) -> None:
     # Cancelling sends the job SIGTERM, as a preemption does; this time it must not requeue itself.
     # Without data-loading workers, which SIGTERM ends too, training gets to its checkpoint and
     # to the requeue decision.
-    set_params(repo, "train", launcher="slurm", slurm={"cpus_per_task": 2, "mem_gb": 2, "time_min": 30},
-               steps=SHORT["steps"] + 20, num_workers=0)  # another run than the first test's
+    set_params(
+        repo,
+        "train",
+        launcher="slurm",
+        slurm={"cpus_per_task": 2, "mem_gb": 2, "time_min": 30},
+        steps=SHORT["steps"] + 20,
+        num_workers=0,
+    )  # another run than the first test's
     log = repo / "data/train/log.jsonl"
     log.unlink(missing_ok=True)
-    stage = subprocess.Popen(["dvc", "repro", "train"], cwd=repo, env=env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=as_in_a_terminal)
+    stage = subprocess.Popen(
+        ["dvc", "repro", "train"],
+        cwd=repo,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=as_in_a_terminal,
+    )
     deadline = time.monotonic() + 300
     while (last_step(log) < 5 or our_job() is None) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -106,13 +139,17 @@ def test_ctrl_c_of_the_stage_cancels_the_job_and_it_does_not_come_back(slurm_clu
     output, _ = stage.communicate(timeout=120)
     assert stage.returncode != 0
     time.sleep(10)  # long enough for a requeued job to show up again as pending
-    queued = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+    queued = subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True
+    ).stdout.strip()
     assert queued in ("", "COMPLETING"), f"job {job} is {queued}:\n{output}"
     job_log = (repo / "data/train.slurm" / f"{job}_0_log.err").read_text()
     assert "SIGTERM: stopped at step" in job_log and f"job {job} is" in job_log  # checkpointed, not requeued
 
 
-def test_two_processes_in_one_job_form_one_process_group_like_a_local_launch(slurm_cluster, repo: Path) -> None:
+def test_two_processes_in_one_job_form_one_process_group_like_a_local_launch(
+    slurm_cluster, repo: Path
+) -> None:
     """Ranks, world size and the rendezvous from Slurm's environment: the same weights as the
     same two processes started on this machine by torch's launcher (one node here; several
     nodes differ only in MASTER_ADDR being the first of them)."""
@@ -123,7 +160,9 @@ def test_two_processes_in_one_job_form_one_process_group_like_a_local_launch(slu
     set_params(repo, "train", launcher="local", **two)
     run(repo, "dvc", "repro", "train")
     local = (repo / "data/policy/model.safetensors").read_bytes()
-    set_params(repo, "train", launcher="slurm", slurm={"cpus_per_task": 1, "mem_gb": 1, "time_min": 30}, **two)
+    set_params(
+        repo, "train", launcher="slurm", slurm={"cpus_per_task": 1, "mem_gb": 1, "time_min": 30}, **two
+    )
     shown = run(repo, "dvc", "repro", "-f", "train")  # -f: the launcher is not part of the run's identity
     assert (repo / "data/policy/model.safetensors").read_bytes() == local
     segments = json.loads((repo / "metrics/provenance/train.json").read_text())["details"]["slurm_segments"]

@@ -22,9 +22,9 @@ from policypipe.dataset.convert import DatasetError, convert_dataset
 from policypipe.lineage.hashing import sha256_path
 from policypipe.recordings.episode import ConvertConfig
 from policypipe.recordings.pairing import PairConfig, pair_export
-from policypipe.recordings.streams import Topics
 from policypipe.recordings.sample import StreamTiming, plan_motion, write_raw_mcap, write_vio_mcap
 from policypipe.recordings.sample_scene import read_timecode, timecode_value
+from policypipe.recordings.streams import Topics
 from tests.conftest import MCAP_SAMPLES, write_status
 
 START_NS = 1_762_160_000_000_000_000
@@ -35,7 +35,9 @@ def add_recording(export: Path, stem: str, seed: int, *, timing: StreamTiming | 
     """Writes a triplet; returns (plan, truth) of the processed recording."""
     rng = np.random.default_rng(seed)
     plan = plan_motion(rng, START_NS + seed * 60_000_000_000, duration_s=3.0)
-    timing = timing or StreamTiming(camera_start_s=0.05, pose_start_s=0.1, width_start_s=0.02, width_stop_s=0.2)
+    timing = timing or StreamTiming(
+        camera_start_s=0.05, pose_start_s=0.1, width_start_s=0.02, width_stop_s=0.2
+    )
     options = {"image_size": (96, 72), "timecode": True} | vio_options
     truth = write_vio_mcap(export / f"{stem}_vio.mcap", plan, timing, rng, **options)
     write_raw_mcap(export / f"{stem}.mcap", plan, timing, np.random.default_rng(seed), image_size=(32, 24))
@@ -65,7 +67,11 @@ def check_against_truth(root, start, end, record, plan, truth) -> None:
     # Width is sampled at ~45 Hz while the fingers close within a fraction of a second: the
     # interpolation is exact with respect to the recorded samples, and near the continuous truth.
     width = root[layout.GRIPPER_WIDTH][start:end, 0]
-    recorded = np.interp((t_ns - START_NS).astype(float), (truth.width_ns - START_NS).astype(float), plan.width_at(truth.width_ns))
+    recorded = np.interp(
+        (t_ns - START_NS).astype(float),
+        (truth.width_ns - START_NS).astype(float),
+        plan.width_at(truth.width_ns),
+    )
     assert np.abs(width - recorded).max() < 1e-4
     assert np.abs(width - plan.width_at(t_ns)).max() < 3e-3
     # The right frame at the right index: each stored frame shows its own capture time.
@@ -74,10 +80,14 @@ def check_against_truth(root, start, end, record, plan, truth) -> None:
     assert shown == [timecode_value(t) for t in t_ns]
     # The recorded samples covering the frames, on the same clock as the frames.
     e = [r["stem"] for r in root.attrs[layout.ATTRS_EPISODES]].index(record["stem"])
-    for times_key, ends_key, recorded in ((layout.POSE_TIMESTAMP, layout.POSE_EPISODE_ENDS, truth.pose_ns),
-                                          (layout.WIDTH_TIMESTAMP, layout.WIDTH_EPISODE_ENDS, truth.width_ns)):
+    for times_key, ends_key, recorded in (
+        (layout.POSE_TIMESTAMP, layout.POSE_EPISODE_ENDS, truth.pose_ns),
+        (layout.WIDTH_TIMESTAMP, layout.WIDTH_EPISODE_ENDS, truth.width_ns),
+    ):
         ends = root[ends_key][:]
-        sample_ns = record["start_ns"] + np.round(root[times_key][(ends[e - 1] if e else 0) : ends[e]] * 1e9).astype(np.int64)
+        sample_ns = record["start_ns"] + np.round(
+            root[times_key][(ends[e - 1] if e else 0) : ends[e]] * 1e9
+        ).astype(np.int64)
         assert sample_ns[0] <= t_ns[0] < sample_ns[1] and sample_ns[-2] < t_ns[-1] <= sample_ns[-1]
         assert set(sample_ns.tolist()) <= set(recorded.tolist())
 
@@ -190,7 +200,9 @@ def test_a_recording_at_another_rate_fails_before_writing_unless_resampled(tmp_p
     export = tmp_path / "export"
     export.mkdir()
     recordings = [add_recording(export, "a", 3), add_recording(export, "b", 4)]
-    recordings.append(add_recording(export, "c_15hz", 5, timing=StreamTiming(camera_hz=15.0, camera_drop_fraction=0.2)))
+    recordings.append(
+        add_recording(export, "c_15hz", 5, timing=StreamTiming(camera_hz=15.0, camera_drop_fraction=0.2))
+    )
 
     with pytest.raises(DatasetError, match=r"c_15hz \(15\.\d+ Hz\).*convert.resample_hz"):
         convert(export, tmp_path / "ds.zarr")
@@ -212,7 +224,11 @@ def test_a_recording_at_another_rate_fails_before_writing_unless_resampled(tmp_p
         assert np.abs(nearest - grid).max() / 1e6 <= record["resample_offset_ms"]["max"] + 1e-3 < 100
         # The record describes the camera, measured on its own frames, not the frames kept on the grid.
         assert record["frequency_hz"] == pytest.approx(15.0 if record["stem"] == "c_15hz" else 30.0, rel=0.01)
-    assert result.metrics()["resample_offset_ms_max"] == max(r["resample_offset_ms"]["max"] for r in root.attrs[layout.ATTRS_EPISODES]) > 10
+    assert (
+        result.metrics()["resample_offset_ms_max"]
+        == max(r["resample_offset_ms"]["max"] for r in root.attrs[layout.ATTRS_EPISODES])
+        > 10
+    )
 
 
 def test_output_is_byte_identical_with_one_or_two_workers_and_opens_with_plain_zarr(tmp_path: Path) -> None:
@@ -229,7 +245,9 @@ def test_output_is_byte_identical_with_one_or_two_workers_and_opens_with_plain_z
         "import sys, zarr; z = zarr.open(sys.argv[1], mode='r'); "
         "print(z['data/camera0_rgb'][5].shape, z['meta/episode_ends'][:].tolist())"
     )
-    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "one.zarr")], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "one.zarr")], capture_output=True, text=True, check=True
+    )
     assert out.stdout.startswith("(48, 64, 3)")
 
 
@@ -284,7 +302,9 @@ def test_sigkill_mid_conversion_then_rerun_gives_the_uninterrupted_store(tmp_pat
     manifest = tmp_path / "reference.zarr.manifest.json"
 
     out, cache = tmp_path / "ds.zarr", tmp_path / "killed_cache"
-    proc = subprocess.Popen([sys.executable, "-c", CONVERT_SCRIPT, str(manifest), str(export), str(out), str(cache)])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CONVERT_SCRIPT, str(manifest), str(export), str(out), str(cache)]
+    )
     deadline = time.monotonic() + 60
     while not list(cache.glob("*/*.json")) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -318,7 +338,9 @@ def test_every_real_public_mcap_gives_a_clear_per_recording_error(tmp_path: Path
         assert "no messages on /camera0/image" in record["detail"] and "topics present:" in record["detail"]
 
 
-def test_a_recording_that_breaks_the_converter_is_excluded_and_the_others_kept(tmp_path: Path, monkeypatch) -> None:
+def test_a_recording_that_breaks_the_converter_is_excluded_and_the_others_kept(
+    tmp_path: Path, monkeypatch
+) -> None:
     # Stands for any bug or library failure on input nobody foresaw (not a RecordingError).
     import policypipe.dataset.convert as convert_module
 
@@ -344,7 +366,7 @@ def test_a_recording_that_breaks_the_converter_is_excluded_and_the_others_kept(t
     assert not list((tmp_path / "ds.zarr.cache").glob(f"*/{bad['key']}.json"))
 
 
-EDIT_CONVERTER = '''
+EDIT_CONVERTER = """
 
 _build_episode_as_committed = build_episode
 
@@ -353,8 +375,7 @@ def build_episode(streams, config):  # an edit to the converter: every position 
     episode = _build_episode_as_committed(streams, config)
     episode.eef_pos = episode.eef_pos + 1
     return episode
-'''
-
+"""
 
 
 def test_an_edited_converter_misses_the_cache_and_converts_anew(tmp_path: Path) -> None:
@@ -367,16 +388,27 @@ def test_an_edited_converter_misses_the_cache_and_converts_anew(tmp_path: Path) 
     (old_folder,) = [p for p in cache.iterdir()]
 
     source = tmp_path / "src"
-    shutil.copytree(Path(layout.__file__).parents[2] / "policypipe", source / "policypipe",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        Path(layout.__file__).parents[2] / "policypipe",
+        source / "policypipe",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     with open(source / "policypipe/recordings/episode.py", "a") as f:
         f.write(EDIT_CONVERTER)
     edited = tmp_path / "edited.zarr"
-    subprocess.run([sys.executable, "-c", CONVERT_SCRIPT, str(manifest), str(export), str(edited), str(cache)],
-                   check=True, env=os.environ | {"PYTHONPATH": str(source)})
+    subprocess.run(
+        [sys.executable, "-c", CONVERT_SCRIPT, str(manifest), str(export), str(edited), str(cache)],
+        check=True,
+        env=os.environ | {"PYTHONPATH": str(source)},
+    )
 
-    committed_root, edited_root = zarr.open_group(tmp_path / "committed.zarr", mode="r"), zarr.open_group(edited, mode="r")
-    np.testing.assert_allclose(edited_root[layout.EEF_POS][:], committed_root[layout.EEF_POS][:] + 1, atol=1e-5)
+    committed_root, edited_root = (
+        zarr.open_group(tmp_path / "committed.zarr", mode="r"),
+        zarr.open_group(edited, mode="r"),
+    )
+    np.testing.assert_allclose(
+        edited_root[layout.EEF_POS][:], committed_root[layout.EEF_POS][:] + 1, atol=1e-5
+    )
     assert not old_folder.exists()  # the committed converter's entries can never be hit again
 
 
@@ -387,7 +419,11 @@ def test_a_decisive_library_version_is_part_of_the_cache_key(monkeypatch) -> Non
     before = convert_module.cache_key(record, CONFIG)
     for name in convert_module.DECISIVE_DISTRIBUTIONS:
         real = convert_module._distribution_version
-        monkeypatch.setattr(convert_module, "_distribution_version", lambda n, name=name, real=real: "0.0" if n == name else real(n))
+        monkeypatch.setattr(
+            convert_module,
+            "_distribution_version",
+            lambda n, name=name, real=real: "0.0" if n == name else real(n),
+        )
         convert_module.converter_identity.cache_clear()
         assert convert_module.cache_key(record, CONFIG) != before, name
         monkeypatch.undo()
@@ -400,7 +436,9 @@ def small_disk(tmp_path: Path):
     """A real file system that fills up: a 256 KiB tmpfs (needs root, as in CI and here)."""
     mount = tmp_path / "small_disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs to fill: {done.stderr.strip()}")
     yield mount
@@ -411,13 +449,20 @@ def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.rglob("*") if ".tmp" in p.name)
 
 
-def test_a_full_disk_under_the_cache_says_where_and_how_much_and_leaves_no_temporary(tmp_path: Path, small_disk: Path) -> None:
+def test_a_full_disk_under_the_cache_says_where_and_how_much_and_leaves_no_temporary(
+    tmp_path: Path, small_disk: Path
+) -> None:
     export = tmp_path / "export"
     export.mkdir()
     for i in range(4):
         add_recording(export, f"r{i}", 50 + i, image_size=(320, 240), timecode=False)
     with pytest.raises(DatasetError) as failure:
-        convert(export, tmp_path / "ds.zarr", config=replace(CONFIG, image_size=(320, 240)), cache=small_disk / "cache")
+        convert(
+            export,
+            tmp_path / "ds.zarr",
+            config=replace(CONFIG, image_size=(320, 240)),
+            cache=small_disk / "cache",
+        )
     message = str(failure.value)
     assert message.startswith(f"no space left on the device writing {small_disk}/cache/")
     assert "MB more for the" in message and "MB free" in message and "--cache" in message
@@ -434,14 +479,18 @@ def test_a_full_disk_under_the_store_keeps_the_previous_dataset(tmp_path: Path, 
     add_recording(export, "b", 61, image_size=(320, 240), timecode=False)
     with pytest.raises(DatasetError) as failure:
         convert(export, out, config=replace(CONFIG, image_size=(320, 240)), cache=tmp_path / "cache")
-    assert str(failure.value).startswith(f"no space left on the device writing the dataset {out}: it needs about")
+    assert str(failure.value).startswith(
+        f"no space left on the device writing the dataset {out}: it needs about"
+    )
     assert sha256_path(out) == before and _leftovers(small_disk) == []
 
 
 # ---------------------------------------------------------------- one export, every kind of damage
 
 
-def _write_recording(export: Path, stem: str, seed: int, *, camera: str = "image", image_size=(96, 72), edit=None):
+def _write_recording(
+    export: Path, stem: str, seed: int, *, camera: str = "image", image_size=(96, 72), edit=None
+):
     """A triplet whose `_vio.mcap` messages pass through `edit` first; returns its messages as written."""
     from dataclasses import replace as replace_fields
 
@@ -468,7 +517,8 @@ def _by_stem(store: Path) -> dict[str, dict[str, np.ndarray]]:
     for record, (start, end) in zip(root.attrs[layout.ATTRS_EPISODES], spans):
         ns = record["start_ns"] + np.round(root[layout.TIMESTAMP][start:end] * 1e9).astype(np.int64)
         out[record["stem"]] = {"capture_ns": ns} | {
-            key: root[key][start:end] for key in (layout.RGB, layout.EEF_POS, layout.EEF_ROT, layout.GRIPPER_WIDTH)
+            key: root[key][start:end]
+            for key in (layout.RGB, layout.EEF_POS, layout.EEF_ROT, layout.GRIPPER_WIDTH)
         }
     return out
 
@@ -488,7 +538,9 @@ def _flip_middle_chunk(path: Path) -> int:
     return chunk.chunk_start_offset
 
 
-def test_an_export_mixing_good_and_damaged_recordings_keeps_every_good_one_byte_identical(tmp_path: Path) -> None:
+def test_an_export_mixing_good_and_damaged_recordings_keeps_every_good_one_byte_identical(
+    tmp_path: Path,
+) -> None:
     clean, mixed = tmp_path / "clean", tmp_path / "mixed"
     clean.mkdir(), mixed.mkdir()
     good = {"a_image": (1, "image"), "b_image": (2, "image"), "c_video": (3, "video")}
@@ -505,10 +557,19 @@ def test_an_export_mixing_good_and_damaged_recordings_keeps_every_good_one_byte_
     rec_e = _write_recording(reference, "e_lost_packet", 5, camera="video")
     cam = _camera_indices(rec_e.vio_messages)
     lost_packet = 10  # mid-GOP (an IDR every 30 packets): packets 11-29 reference it
-    _write_recording(mixed, "e_lost_packet", 5, camera="video", edit=lambda m: m[: cam[lost_packet]] + m[cam[lost_packet] + 1 :])
-    _write_recording(mixed, "f_empty_message", 6, edit=lambda m: [
-        replace(x, data=b"") if i == _camera_indices(m)[20] else x for i, x in enumerate(m)
-    ])
+    _write_recording(
+        mixed,
+        "e_lost_packet",
+        5,
+        camera="video",
+        edit=lambda m: m[: cam[lost_packet]] + m[cam[lost_packet] + 1 :],
+    )
+    _write_recording(
+        mixed,
+        "f_empty_message",
+        6,
+        edit=lambda m: [replace(x, data=b"") if i == _camera_indices(m)[20] else x for i, x in enumerate(m)],
+    )
     _flip_middle_chunk(mixed / "d_damaged_chunk_vio.mcap")
     rec_g = _write_recording(mixed, "g_4k", 7, image_size=(3840, 2160))
 
@@ -517,7 +578,11 @@ def test_an_export_mixing_good_and_damaged_recordings_keeps_every_good_one_byte_
     convert(reference, tmp_path / "undamaged.zarr")
 
     assert [e["stem"] for e in result.excluded] == []
-    got, want, undamaged = _by_stem(tmp_path / "mixed.zarr"), _by_stem(tmp_path / "clean.zarr"), _by_stem(tmp_path / "undamaged.zarr")
+    got, want, undamaged = (
+        _by_stem(tmp_path / "mixed.zarr"),
+        _by_stem(tmp_path / "clean.zarr"),
+        _by_stem(tmp_path / "undamaged.zarr"),
+    )
     for stem in good:  # byte-identical to a run without the damaged recordings
         for key in want[stem]:
             np.testing.assert_array_equal(got[stem][key], want[stem][key], err_msg=f"{stem} {key}")
@@ -542,16 +607,22 @@ def test_an_export_mixing_good_and_damaged_recordings_keeps_every_good_one_byte_
     assert got["e_lost_packet"]["capture_ns"].tolist() == expected
     assert e["dropped"]["h264_reference_lost"] == 29 - lost_packet
     keep = np.isin(undamaged["e_lost_packet"]["capture_ns"], expected)
-    np.testing.assert_array_equal(got["e_lost_packet"][layout.RGB], undamaged["e_lost_packet"][layout.RGB][keep])
+    np.testing.assert_array_equal(
+        got["e_lost_packet"][layout.RGB], undamaged["e_lost_packet"][layout.RGB][keep]
+    )
 
     # A zero-length message: one undecodable frame, nothing else changes.
     f = report["f_empty_message"]
     assert f["dropped"]["undecodable"] == 1, f
-    assert set(got["f_empty_message"]["capture_ns"].tolist()) < set(undamaged["f_empty_message"]["capture_ns"].tolist())
+    assert set(got["f_empty_message"]["capture_ns"].tolist()) < set(
+        undamaged["f_empty_message"]["capture_ns"].tolist()
+    )
     assert len(undamaged["f_empty_message"]["capture_ns"]) - len(got["f_empty_message"]["capture_ns"]) <= 1
 
     # A 4K recording: resized like any other.
-    assert got["g_4k"][layout.RGB].shape[1:] == (48, 64, 3) and report["g_4k"]["frames_in"] == rec_g.truth.frames
+    assert (
+        got["g_4k"][layout.RGB].shape[1:] == (48, 64, 3) and report["g_4k"]["frames_in"] == rec_g.truth.frames
+    )
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -35,13 +35,25 @@ def test_same_content_same_fingerprint_whatever_the_layout(store: Path, tmp_path
     assert fingerprint(tmp_path / "copy.zarr") == original
     assert fingerprint(tmp_path / "rechunked.zarr") == original
     assert set(original.arrays) == {
-        layout.RGB, layout.EEF_POS, layout.EEF_ROT, layout.GRIPPER_WIDTH, layout.TIMESTAMP, layout.EPISODE_ENDS,
-        layout.POSE_TIMESTAMP, layout.POSE_POS, layout.POSE_ROT, layout.WIDTH_TIMESTAMP, layout.WIDTH,
-        layout.POSE_EPISODE_ENDS, layout.WIDTH_EPISODE_ENDS,
+        layout.RGB,
+        layout.EEF_POS,
+        layout.EEF_ROT,
+        layout.GRIPPER_WIDTH,
+        layout.TIMESTAMP,
+        layout.EPISODE_ENDS,
+        layout.POSE_TIMESTAMP,
+        layout.POSE_POS,
+        layout.POSE_ROT,
+        layout.WIDTH_TIMESTAMP,
+        layout.WIDTH,
+        layout.POSE_EPISODE_ENDS,
+        layout.WIDTH_EPISODE_ENDS,
     }
 
 
-@pytest.mark.parametrize("key", [layout.EEF_POS, layout.TIMESTAMP, layout.RGB, layout.POSE_TIMESTAMP, layout.WIDTH, "attrs"])
+@pytest.mark.parametrize(
+    "key", [layout.EEF_POS, layout.TIMESTAMP, layout.RGB, layout.POSE_TIMESTAMP, layout.WIDTH, "attrs"]
+)
 def test_any_changed_value_changes_it(store: Path, key: str) -> None:
     before = fingerprint(store)
     root = zarr.open_group(store, mode="r+")
@@ -63,12 +75,16 @@ def test_any_changed_value_changes_it(store: Path, key: str) -> None:
 
 def verify(store: Path, record: Path) -> subprocess.CompletedProcess:
     cli = Path(sys.executable).with_name("policypipe")
-    return subprocess.run([str(cli), "verify", str(store), "--record", str(record)], capture_output=True, text=True)
+    return subprocess.run(
+        [str(cli), "verify", str(store), "--record", str(record)], capture_output=True, text=True
+    )
 
 
 def record_of(store: Path, path: Path) -> Path:
     fp = fingerprint(store)
-    write_json_atomic(path, {"dataset_fingerprint": {"sha256": fp.digest, "arrays": fp.arrays, "files": store_files(store)}})
+    write_json_atomic(
+        path, {"dataset_fingerprint": {"sha256": fp.digest, "arrays": fp.arrays, "files": store_files(store)}}
+    )
     return path
 
 

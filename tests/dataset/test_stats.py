@@ -35,14 +35,17 @@ def reference_samples(root: zarr.Group, episodes: list[int]) -> dict[str, np.nda
     stamps = root[layout.TIMESTAMP][:]
     pose_t, width_t = root[layout.POSE_TIMESTAMP][:], root[layout.WIDTH_TIMESTAMP][:]
     pose_pos, pose_rot, width = root[layout.POSE_POS][:], root[layout.POSE_ROT][:], root[layout.WIDTH][:, 0]
-    bounds = [np.concatenate([[0], root[key][:]]) for key in (layout.EPISODE_ENDS, layout.POSE_EPISODE_ENDS, layout.WIDTH_EPISODE_ENDS)]
+    bounds = [
+        np.concatenate([[0], root[key][:]])
+        for key in (layout.EPISODE_ENDS, layout.POSE_EPISODE_ENDS, layout.WIDTH_EPISODE_ENDS)
+    ]
     out = {"action": [], "action_per_step": [], "obs.eef_pose_rel": [], "obs.gripper_width": []}
     for e in episodes:
         (f0, f1), (p0, p1), (w0, w1) = ((b[e], b[e + 1]) for b in bounds)
         frames = stamps[f0:f1]
         slerp = Slerp(pose_t[p0:p1], Rotation.from_rotvec(pose_rot[p0:p1]))
 
-        def pose(t):
+        def pose(t, p0=p0, p1=p1, slerp=slerp):
             p = np.array([np.interp(t, pose_t[p0:p1], pose_pos[p0:p1, k]) for k in range(3)])
             return p, slerp([t]).as_matrix()[0]
 
@@ -51,7 +54,7 @@ def reference_samples(root: zarr.Group, episodes: list[int]) -> dict[str, np.nda
             m = ra.T @ r
             return np.concatenate([ra.T @ (p - pa), m[:, 0], m[:, 1]])
 
-        def at(t):
+        def at(t, frames=frames):
             return min(max(t, frames[0]), frames[-1])
 
         for t in frames:
@@ -59,8 +62,12 @@ def reference_samples(root: zarr.Group, episodes: list[int]) -> dict[str, np.nda
             if sum(s > frames[-1] + 1e-9 for s in future) > WINDOW.n_action_steps - 1:
                 continue
             current_width = np.interp(t, width_t[w0:w1], width[w0:w1])
-            chunk = [np.concatenate([rel(t, at(s)), [np.interp(at(s), width_t[w0:w1], width[w0:w1]) - current_width]])
-                     for s in future]
+            chunk = [
+                np.concatenate(
+                    [rel(t, at(s)), [np.interp(at(s), width_t[w0:w1], width[w0:w1]) - current_width]]
+                )
+                for s in future
+            ]
             out["action"] += chunk
             out["action_per_step"].append(np.concatenate(chunk))  # step-major: horizon x 10
             for k in range(WINDOW.n_obs_steps - 1, -1, -1):
@@ -120,8 +127,12 @@ def test_only_training_episodes_count(store: Path) -> None:
     before = compute_statistics(root, WINDOW, CONFIG)
     for e in before["split"]["val"]:
         # Garbage wherever only validation reads: its frames, pose and width samples.
-        for key, ends_key in ((layout.RGB, layout.EPISODE_ENDS), (layout.EEF_POS, layout.EPISODE_ENDS),
-                              (layout.POSE_POS, layout.POSE_EPISODE_ENDS), (layout.WIDTH, layout.WIDTH_EPISODE_ENDS)):
+        for key, ends_key in (
+            (layout.RGB, layout.EPISODE_ENDS),
+            (layout.EEF_POS, layout.EPISODE_ENDS),
+            (layout.POSE_POS, layout.POSE_EPISODE_ENDS),
+            (layout.WIDTH, layout.WIDTH_EPISODE_ENDS),
+        ):
             ends = root[ends_key][:]
             root[key][(ends[e - 1] if e else 0) : ends[e]] = 255 if key == layout.RGB else 5.0
     after = compute_statistics(root, WINDOW, CONFIG)
@@ -157,16 +168,21 @@ def test_split_is_seeded_and_never_empty() -> None:
 def test_adding_recordings_never_moves_an_existing_episode_across_the_split(tmp_path: Path) -> None:
     """Through the stage's own entry point: a dataset of 6 episodes, then the same plus 4 more
     (appended, and one inserted first, so indices shift): every old stem stays on its side."""
+
     def sides(lengths, stems) -> dict[str, str]:
         root = make_store(tmp_path / f"ds{len(stems)}.zarr", lengths=lengths)
-        root.attrs[layout.ATTRS_EPISODES] = [ep | {"stem": s, "folder": "session_01"}
-                                             for ep, s in zip(root.attrs[layout.ATTRS_EPISODES], stems)]
+        root.attrs[layout.ATTRS_EPISODES] = [
+            ep | {"stem": s, "folder": "session_01"}
+            for ep, s in zip(root.attrs[layout.ATTRS_EPISODES], stems)
+        ]
         split = compute_statistics(root, WINDOW, CONFIG)["split"]
         return {s: "train" for s in split["train_stems"]} | {s: "val" for s in split["val_stems"]}
 
     old_stems = [f"rec_{i:04d}" for i in range(1, 7)]
     before = sides((30, 25, 40, 35, 28, 33), old_stems)
-    after = sides((20, 30, 25, 40, 35, 28, 33, 22, 26, 24), ["rec_0000", *old_stems, "rec_0007", "rec_0008", "rec_0009"])
+    after = sides(
+        (20, 30, 25, 40, 35, 28, 33, 22, 26, 24), ["rec_0000", *old_stems, "rec_0007", "rec_0008", "rec_0009"]
+    )
     assert {s: after[s] for s in old_stems} == before
     assert set(before.values()) == {"train", "val"}
 
@@ -185,4 +201,6 @@ def test_the_split_rule_is_recorded_with_the_split(store: Path) -> None:
 
 def test_statistics_are_deterministic_bytes(store: Path) -> None:
     root = zarr.open_group(store, mode="r")
-    assert canonical_json(compute_statistics(root, WINDOW, CONFIG)) == canonical_json(compute_statistics(root, WINDOW, CONFIG))
+    assert canonical_json(compute_statistics(root, WINDOW, CONFIG)) == canonical_json(
+        compute_statistics(root, WINDOW, CONFIG)
+    )

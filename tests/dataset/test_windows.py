@@ -34,7 +34,9 @@ def relative_truth(plan, anchor_ns: int, t_ns: np.ndarray) -> np.ndarray:
     (pa,), (qa,) = plan.pose_at(np.array([anchor_ns]))
     p, q = plan.pose_at(t_ns)
     to_anchor = Rotation.from_quat(qa).inv()
-    return np.concatenate([to_anchor.apply(p - pa), rot6d((to_anchor * Rotation.from_quat(q)).as_matrix())], axis=1)
+    return np.concatenate(
+        [to_anchor.apply(p - pa), rot6d((to_anchor * Rotation.from_quat(q)).as_matrix())], axis=1
+    )
 
 
 def test_window_targets_on_a_recording_with_dropped_frames_are_at_the_exact_times(gappy_recording) -> None:
@@ -47,11 +49,15 @@ def test_window_targets_on_a_recording_with_dropped_frames_are_at_the_exact_time
     assert (np.diff(frame_ns) > 1.5 * period_ns).mean() > 0.15  # many steps would cross a gap by index
 
     ds = WindowDataset(store, [0], WINDOW)
+    rel = lambda ns: (ns - truth.width_ns[0]).astype(float)  # noqa: E731
+    width_at = lambda ns: np.interp(rel(ns), rel(truth.width_ns), plan.width_at(truth.width_ns))  # noqa: E731
     for i in range(0, len(ds), 3):
         sample, anchor_ns = ds[i], frame_ns[ds.anchors[i]]
         clamp = lambda ns: np.clip(ns, frame_ns[0], frame_ns[-1])  # noqa: E731 - edge padding
         future = clamp(anchor_ns + np.round((np.arange(WINDOW.horizon) + 1) * period_ns).astype(np.int64))
-        past = clamp(anchor_ns - np.round(np.arange(WINDOW.n_obs_steps - 1, -1, -1) * period_ns).astype(np.int64))
+        past = clamp(
+            anchor_ns - np.round(np.arange(WINDOW.n_obs_steps - 1, -1, -1) * period_ns).astype(np.int64)
+        )
         action, obs_pose = sample["action"].double().numpy(), sample["obs_pose"].double().numpy()
         for got, times in ((action[:, :9], future), (obs_pose, past)):
             want = relative_truth(plan, anchor_ns, times)
@@ -59,16 +65,18 @@ def test_window_targets_on_a_recording_with_dropped_frames_are_at_the_exact_time
             assert np.abs(got[:, 3:] - want[:, 3:]).max() < 5e-4  # 6D rotation: < 0.03 degrees
         # Width exactly as the recorded ~45 Hz samples give it at those times: observed as it is,
         # and in actions as the change from the width at the anchor.
-        rel = lambda ns: (ns - truth.width_ns[0]).astype(float)  # noqa: E731
-        width_at = lambda ns: np.interp(rel(ns), rel(truth.width_ns), plan.width_at(truth.width_ns))  # noqa: E731
         assert np.abs(sample["obs_width"][:, 0].double().numpy() - width_at(past)).max() < 1e-6
         assert np.abs(action[:, 9] - (width_at(future) - width_at(np.array([anchor_ns])))).max() < 1e-6
         # Each observation's image is the frame nearest its time.
         nearest = frame_ns[np.abs(frame_ns[:, None] - past[None]).argmin(axis=0)]
-        assert [read_timecode(img) for img in sample["obs_images"].numpy()] == [timecode_value(t) for t in nearest]
+        assert [read_timecode(img) for img in sample["obs_images"].numpy()] == [
+            timecode_value(t) for t in nearest
+        ]
 
 
-def test_no_anchor_has_more_than_n_action_steps_minus_one_padded_steps(gappy_recording, tmp_path: Path) -> None:
+def test_no_anchor_has_more_than_n_action_steps_minus_one_padded_steps(
+    gappy_recording, tmp_path: Path
+) -> None:
     make_store(tmp_path / "ds.zarr", lengths=(30, 25, 40), drop_fraction=0.25)
     for store, chosen in ((gappy_recording[0], [0]), (tmp_path / "ds.zarr", [0, 1, 2])):
         root = zarr.open_group(store, mode="r")
@@ -94,12 +102,16 @@ def test_padding_repeats_the_last_frame_and_never_reaches_the_next_episode(tmp_p
     stamps, f = root[layout.TIMESTAMP][:], root.attrs[layout.ATTRS_FREQUENCY]
     padded = stamps[anchors[-1]] + (np.arange(WINDOW.horizon) + 1) / f > stamps[19] + 1e-9
     assert 1 <= padded.sum() <= WINDOW.n_action_steps - 1
-    np.testing.assert_allclose(w.action[0, padded], np.broadcast_to(w.action[0, padded][0], w.action[0, padded].shape))
+    np.testing.assert_allclose(
+        w.action[0, padded], np.broadcast_to(w.action[0, padded][0], w.action[0, padded].shape)
+    )
     # The padded steps hold the pose and width at episode 0's last frame (the width as the change
     # from the anchor's).
     one_step = WindowConfig(n_obs_steps=1, horizon=1, n_action_steps=1)
     last, anchor = streams.windows(np.array([19]), one_step), streams.windows(anchors[-1:], one_step)
-    np.testing.assert_allclose(w.action[0, padded][0, 9], last.obs_width[0, 0, 0] - anchor.obs_width[0, 0, 0], atol=1e-12)
+    np.testing.assert_allclose(
+        w.action[0, padded][0, 9], last.obs_width[0, 0, 0] - anchor.obs_width[0, 0, 0], atol=1e-12
+    )
     assert set(owner.tolist()) == {0}
 
 
@@ -107,7 +119,9 @@ def test_step_zero_is_one_period_ahead_not_the_identity(tmp_path: Path) -> None:
     make_store(tmp_path / "ds.zarr", lengths=(30,))
     sample = WindowDataset(tmp_path / "ds.zarr", [0], WINDOW)[10]
     identity = np.array([0, 0, 0, 1, 0, 0, 0, 1, 0], dtype=np.float32)
-    assert np.allclose(sample["obs_pose"][-1].numpy(), identity, atol=1e-6)  # the last observation is the anchor
+    assert np.allclose(
+        sample["obs_pose"][-1].numpy(), identity, atol=1e-6
+    )  # the last observation is the anchor
     assert np.abs(sample["action"][0, :3].numpy()).max() > 1e-3  # the first action has moved on
 
 

@@ -36,7 +36,9 @@ def straight_line(n=60, speed=0.2, dt=1 / 30):
 def recorded_actions(pos, rotvec, width, anchors, dt=1 / 30) -> np.ndarray:
     """(N, H, 10) recorded chunks at `anchors` of one episode whose frames and samples are at k * dt."""
     t, ends = np.arange(len(pos)) * dt, np.array([len(pos)])
-    return EpisodeStreams(1 / dt, t, ends, t, pos, rotvec, ends, t, width, ends).windows(anchors, WINDOW).action
+    return (
+        EpisodeStreams(1 / dt, t, ends, t, pos, rotvec, ends, t, width, ends).windows(anchors, WINDOW).action
+    )
 
 
 def test_a_policy_that_predicts_the_recorded_future_has_zero_error() -> None:
@@ -149,7 +151,9 @@ def test_partners_are_a_seeded_shuffle_that_never_keeps_the_episode(episodes) ->
     episodes = np.asarray(episodes)
     partners = foreign_episode_partners(episodes, seed=3)
     assert np.all(episodes[partners] != episodes)
-    assert sorted(partners.tolist()) == list(range(len(episodes)))  # a permutation: each sample's frames used once
+    assert sorted(partners.tolist()) == list(
+        range(len(episodes))
+    )  # a permutation: each sample's frames used once
     assert np.array_equal(partners, foreign_episode_partners(episodes, seed=3))
 
 
@@ -174,7 +178,9 @@ def test_a_large_spread_between_seeds_widens_the_ci() -> None:
     offsets = np.array([-3.0, -1.5, 0.0, 1.5, 3.0])[:, None]
     errors = 10 + offsets + rng.normal(0, 1, (5, 300))  # 5 seeds, 300 samples
     seeds_and_samples = percentile_ci(hierarchical_bootstrap({"A": {"x": errors}}, seed=0)["A"]["x"])
-    samples_only = percentile_ci(hierarchical_bootstrap({"A": {"x": errors.mean(axis=0, keepdims=True)}}, seed=0)["A"]["x"])
+    samples_only = percentile_ci(
+        hierarchical_bootstrap({"A": {"x": errors.mean(axis=0, keepdims=True)}}, seed=0)["A"]["x"]
+    )
     width = lambda ci: ci[1] - ci[0]  # noqa: E731
     assert width(seeds_and_samples) > 10 * width(samples_only)
     # Five seeds spread like this: the mean is uncertain by about 2.0 / sqrt(5) ~ 0.9 either way.
@@ -192,7 +198,9 @@ def test_one_seed_gives_the_samples_ci_of_the_mean() -> None:
 def test_a_difference_of_exactly_zero_has_a_ci_containing_zero() -> None:
     rng = np.random.default_rng(2)
     one_seed = rng.normal(5, 2, (1, 100))
-    same = difference_summary({"position_mm": one_seed}, {"position_mm": one_seed.copy()}, seed=0)["position_mm"]
+    same = difference_summary({"position_mm": one_seed}, {"position_mm": one_seed.copy()}, seed=0)[
+        "position_mm"
+    ]
     assert same["mean"] == 0 and same["ci95"] == [0.0, 0.0]
     seeds = 5 + rng.normal(0, 1, (3, 1)) + rng.normal(0, 2, (3, 100))
     same = difference_summary({"position_mm": seeds}, {"position_mm": seeds.copy()}, seed=0)["position_mm"]
@@ -202,7 +210,9 @@ def test_a_difference_of_exactly_zero_has_a_ci_containing_zero() -> None:
 def test_shared_samples_keep_a_paired_difference_exact() -> None:
     a = np.random.default_rng(3).normal(10, 5, (1, 200))  # samples differ a lot ...
     diff = difference_summary({"width_mm": a}, {"width_mm": a + 1.0}, seed=0)["width_mm"]
-    assert diff["mean"] == pytest.approx(1.0) and diff["ci95"] == pytest.approx([1.0, 1.0])  # ... B is 1 worse on each
+    assert diff["mean"] == pytest.approx(1.0) and diff["ci95"] == pytest.approx(
+        [1.0, 1.0]
+    )  # ... B is 1 worse on each
 
 
 def test_bootstrap_needs_the_same_samples_everywhere() -> None:

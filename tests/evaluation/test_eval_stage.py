@@ -26,24 +26,48 @@ STAGES = Path(__file__).resolve().parents[2] / "stages"
 def stage(tmp_path: Path, monkeypatch):
     """The stage's main(), run in tmp_path with a tiny store, statistics, policy and params.yaml."""
     make_store(tmp_path / "ds.zarr", lengths=(30, 25, 40, 35, 28, 33))
-    stats = compute_statistics(zarr.open_group(tmp_path / "ds.zarr", mode="r"), WindowConfig(2, 8, 4), StatsConfig(val_fraction=0.4))
+    stats = compute_statistics(
+        zarr.open_group(tmp_path / "ds.zarr", mode="r"), WindowConfig(2, 8, 4), StatsConfig(val_fraction=0.4)
+    )
     stats["dataset_fingerprint"] = {"sha256": "f" * 64}
     write_json_atomic(tmp_path / "stats.json", stats)
     torch.manual_seed(0)
     policy = DiffusionPolicy(MODEL)
     policy.fit_normalizers(stats)
     save_policy(tmp_path / "policy", policy, {})
-    (tmp_path / "params.yaml").write_text("eval:\n  stride: 6\n  batch_size: 16\n  spread_samples: 2\n  spread_observations: 1\n"
-                                          "  plot_episodes: 1\n  bootstrap_resamples: 200\n")
+    (tmp_path / "params.yaml").write_text(
+        "eval:\n  stride: 6\n  batch_size: 16\n  spread_samples: 2\n  spread_observations: 1\n"
+        "  plot_episodes: 1\n  bootstrap_resamples: 200\n"
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(STAGES))
     spec = importlib.util.spec_from_file_location("eval_stage", STAGES / "eval.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "setup_logging", lambda: None)  # it reconfigures sys.stdout, which pytest captures
-    monkeypatch.setattr(sys, "argv", ["eval.py", "--policy", "policy", "--dataset", "ds.zarr", "--stats", "stats.json",
-                                      "--metrics", "eval.json", "--per-step", "per_step.json", "--plots", "plots",
-                                      "--provenance", "provenance.json"])
+    monkeypatch.setattr(
+        module, "setup_logging", lambda: None
+    )  # it reconfigures sys.stdout, which pytest captures
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "eval.py",
+            "--policy",
+            "policy",
+            "--dataset",
+            "ds.zarr",
+            "--stats",
+            "stats.json",
+            "--metrics",
+            "eval.json",
+            "--per-step",
+            "per_step.json",
+            "--plots",
+            "plots",
+            "--provenance",
+            "provenance.json",
+        ],
+    )
     return module.main
 
 
@@ -52,10 +76,15 @@ def test_the_stage_writes_the_report_with_the_best_baseline(stage, tmp_path: Pat
     report = json.loads((tmp_path / "eval.json").read_text())
     assert set(report["ratio_to_best_baseline"]) == {"position_mm", "rotation_deg", "width_mm"}
     out = capsys.readouterr().out
-    assert f"of the best baseline ({report['best_baseline']['position_mm']}" in out and "CIs cover samples only" in out
+    assert (
+        f"of the best baseline ({report['best_baseline']['position_mm']}" in out
+        and "CIs cover samples only" in out
+    )
 
 
-def test_a_policy_that_raises_fails_the_stage_and_writes_no_metrics(stage, tmp_path: Path, monkeypatch) -> None:
+def test_a_policy_that_raises_fails_the_stage_and_writes_no_metrics(
+    stage, tmp_path: Path, monkeypatch
+) -> None:
     def broken(self, batch, generator=None):
         raise RuntimeError("shape mismatch in the denoiser")
 

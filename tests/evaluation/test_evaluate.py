@@ -32,8 +32,14 @@ def setup(tmp_path: Path):
     return tmp_path / "ds.zarr", stats, policy.eval()
 
 
-ENTRIES = ("policy", "hold_still", "mean_motion", "constant_velocity", "camera_ablation_other_episodes",
-           "camera_ablation_constant_image")
+ENTRIES = (
+    "policy",
+    "hold_still",
+    "mean_motion",
+    "constant_velocity",
+    "camera_ablation_other_episodes",
+    "camera_ablation_constant_image",
+)
 COMPONENTS = ("position_mm", "rotation_deg", "width_mm")
 
 
@@ -45,7 +51,11 @@ def test_report_has_errors_baselines_ratios_ablations_and_spread(setup) -> None:
     for name in ENTRIES:
         for component in COMPONENTS:
             summary = report[name][component]
-            assert set(summary) == {"executed", "horizon"} and set(summary["executed"]) == {"mean", "median", "p90"}
+            assert set(summary) == {"executed", "horizon"} and set(summary["executed"]) == {
+                "mean",
+                "median",
+                "p90",
+            }
     for baseline in ("hold_still", "mean_motion", "constant_velocity"):
         ratio = report[f"ratio_to_{baseline}"]["position_mm"]
         assert ratio == pytest.approx(means_of(report, "policy") / means_of(report, baseline))
@@ -57,10 +67,14 @@ def test_every_component_has_a_ratio_to_its_best_baseline(setup) -> None:
     store, stats, policy = setup
     report = evaluate(policy, store, stats, CONFIG)["report"]
     for c in COMPONENTS:
-        means = {b: report[b][c]["executed"]["mean"] for b in ("hold_still", "mean_motion", "constant_velocity")}
+        means = {
+            b: report[b][c]["executed"]["mean"] for b in ("hold_still", "mean_motion", "constant_velocity")
+        }
         best = min(means, key=means.get)
         assert report["best_baseline"][c] == best
-        assert report["ratio_to_best_baseline"][c] == pytest.approx(report["policy"][c]["executed"]["mean"] / means[best])
+        assert report["ratio_to_best_baseline"][c] == pytest.approx(
+            report["policy"][c]["executed"]["mean"] / means[best]
+        )
         ci = report["ratio_to_best_baseline_ci95"][c]
         assert ci["ci95_low"] <= report["ratio_to_best_baseline"][c] <= ci["ci95_high"]
     assert report["ci_covers"] == "samples only (one seed)"
@@ -75,12 +89,17 @@ def means_of(report: dict, name: str) -> float:
 def test_the_camera_ablations_and_their_gaps(setup) -> None:
     store, stats, policy = setup
     report = evaluate(policy, store, stats, CONFIG)["report"]
-    for name, key in (("camera_ablation_other_episodes", "other_episodes"), ("camera_ablation_constant_image", "constant_image")):
+    for name, key in (
+        ("camera_ablation_other_episodes", "other_episodes"),
+        ("camera_ablation_constant_image", "constant_image"),
+    ):
         gap = report["camera_ablation_gap_position_mm"][key]
         assert gap["mean"] == pytest.approx(means_of(report, name) - means_of(report, "policy"))
         assert gap["ci95_low"] <= gap["mean"] <= gap["ci95_high"]
     # Another episode's frames are not a constant image: the two ablations predict differently.
-    assert means_of(report, "camera_ablation_other_episodes") != means_of(report, "camera_ablation_constant_image")
+    assert means_of(report, "camera_ablation_other_episodes") != means_of(
+        report, "camera_ablation_constant_image"
+    )
 
 
 def test_ablation_feeds_frames_of_another_episode_and_the_sample_own_poses(setup, monkeypatch) -> None:
@@ -111,7 +130,9 @@ def test_ablation_feeds_frames_of_another_episode_and_the_sample_own_poses(setup
 
 def test_one_observation_step_omits_constant_velocity_and_says_why(tmp_path: Path) -> None:
     make_store(tmp_path / "ds.zarr", lengths=(30, 25, 40, 35, 28, 33))
-    stats = compute_statistics(zarr.open_group(tmp_path / "ds.zarr", mode="r"), WindowConfig(1, 8, 4), StatsConfig(val_fraction=0.4))
+    stats = compute_statistics(
+        zarr.open_group(tmp_path / "ds.zarr", mode="r"), WindowConfig(1, 8, 4), StatsConfig(val_fraction=0.4)
+    )
     torch.manual_seed(0)
     policy = DiffusionPolicy(replace(MODEL, n_obs_steps=1))
     policy.fit_normalizers(stats)
@@ -170,7 +191,9 @@ def test_compare_a_policy_with_itself_gives_zero_with_a_ci_around_zero(setup) ->
         c = comparison["b_minus_a"][component]
         assert c["mean"] == 0 and c["ci95"][0] <= 0 <= c["ci95"][1]
     assert comparison["b_minus_a_ci_covers"] == "samples only (one seed per side)"
-    assert verdict("position_mm", comparison["b_minus_a"]["position_mm"]).startswith("no clear difference on position")
+    assert verdict("position_mm", comparison["b_minus_a"]["position_mm"]).startswith(
+        "no clear difference on position"
+    )
 
 
 def test_compare_one_side_of_seeds_against_the_baselines(setup) -> None:
@@ -186,7 +209,13 @@ def test_compare_one_side_of_seeds_against_the_baselines(setup) -> None:
     report = evaluate(policy, store, stats, CONFIG)["report"]
     for c in COMPONENTS:
         entry = side["components"][c]
-        assert set(entry) == {"policy", "baselines", "best_baseline", "ratio_to_best_baseline", "camera_ablation_gap"}
+        assert set(entry) == {
+            "policy",
+            "baselines",
+            "best_baseline",
+            "ratio_to_best_baseline",
+            "camera_ablation_gap",
+        }
         assert set(entry["baselines"]) == {"hold_still", "mean_motion", "constant_velocity"}
         # One seed alone: the same numbers as the eval stage's.
         one = alone["sides"]["A"]["components"][c]

@@ -44,7 +44,9 @@ def test_an_unreadable_frame_skips_its_episode_and_is_counted(store: Path) -> No
     assert set(samples.episodes.tolist()) == {0, 2}
     (skipped,) = samples.skipped
     assert skipped["episode"] == 1
-    assert skipped["reason"].startswith("UnreadableFrame: frame 3") and "FileNotFoundError" in skipped["reason"]
+    assert (
+        skipped["reason"].startswith("UnreadableFrame: frame 3") and "FileNotFoundError" in skipped["reason"]
+    )
 
 
 def test_a_corrupt_jpeg_is_an_unreadable_frame(store: Path) -> None:

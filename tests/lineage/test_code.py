@@ -35,29 +35,45 @@ def _package(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_closure_follows_every_kind_of_import_and_nothing_else(tmp_path: Path) -> None:
-    src = _package(tmp_path / "src", {
-        "policypipe/__init__.py": "",
-        "policypipe/a/__init__.py": "",
-        "policypipe/a/top.py": "from policypipe.a import sub\nfrom . import rel\nimport numpy\n",
-        "policypipe/a/sub.py": "def f():\n    import policypipe.b.lazy\n",
-        "policypipe/a/rel.py": "from .. import c\n",
-        "policypipe/b/__init__.py": "",
-        "policypipe/b/lazy.py": "",
-        "policypipe/c.py": "",
-        "policypipe/unused.py": "",
-    })
-    scripts = _package(tmp_path / "stages", {"s.py": "from common import x\nfrom policypipe.a import top\n", "common.py": ""})
+    src = _package(
+        tmp_path / "src",
+        {
+            "policypipe/__init__.py": "",
+            "policypipe/a/__init__.py": "",
+            "policypipe/a/top.py": "from policypipe.a import sub\nfrom . import rel\nimport numpy\n",
+            "policypipe/a/sub.py": "def f():\n    import policypipe.b.lazy\n",
+            "policypipe/a/rel.py": "from .. import c\n",
+            "policypipe/b/__init__.py": "",
+            "policypipe/b/lazy.py": "",
+            "policypipe/c.py": "",
+            "policypipe/unused.py": "",
+        },
+    )
+    scripts = _package(
+        tmp_path / "stages", {"s.py": "from common import x\nfrom policypipe.a import top\n", "common.py": ""}
+    )
     closure = {p.relative_to(tmp_path).as_posix() for p in import_closure([scripts / "s.py"], src)}
     assert closure == {
-        "stages/s.py", "stages/common.py", "src/policypipe/__init__.py", "src/policypipe/a/__init__.py",
-        "src/policypipe/a/top.py", "src/policypipe/a/sub.py", "src/policypipe/a/rel.py",
-        "src/policypipe/b/__init__.py", "src/policypipe/b/lazy.py", "src/policypipe/c.py",
+        "stages/s.py",
+        "stages/common.py",
+        "src/policypipe/__init__.py",
+        "src/policypipe/a/__init__.py",
+        "src/policypipe/a/top.py",
+        "src/policypipe/a/sub.py",
+        "src/policypipe/a/rel.py",
+        "src/policypipe/b/__init__.py",
+        "src/policypipe/b/lazy.py",
+        "src/policypipe/c.py",
     }
 
 
 def test_code_hash_changes_with_any_line_of_any_imported_file(tmp_path: Path) -> None:
-    files = {"policypipe/__init__.py": "", "policypipe/m.py": "import policypipe.dep\n", "policypipe/dep.py": "X = 1\n",
-             "policypipe/other.py": ""}
+    files = {
+        "policypipe/__init__.py": "",
+        "policypipe/m.py": "import policypipe.dep\n",
+        "policypipe/dep.py": "X = 1\n",
+        "policypipe/other.py": "",
+    }
     src = _package(tmp_path / "src", files)
     before = module_code_sha256("policypipe.m", src)
     (src / "policypipe/other.py").write_text("Y = 2\n")  # not imported: no change

@@ -8,16 +8,19 @@ from policypipe.lineage.hashing import sha256_file
 from policypipe.lineage.provenance import StageRun, read_lock
 
 GIT_ENV = {
-    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
 }
 
 
 def git(root: Path, *args: str) -> str:
     import os
 
-    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True,
-                          env=os.environ | GIT_ENV).stdout
+    return subprocess.run(
+        ["git", *args], cwd=root, check=True, capture_output=True, text=True, env=os.environ | GIT_ENV
+    ).stdout
 
 
 def make_repo(root: Path, lock: str) -> None:
@@ -126,7 +129,9 @@ def test_dirty_is_about_the_stages_own_code_and_params_not_the_whole_checkout(tm
 
     (root / "code.py").write_text("print('v2')\n")
     edited = git_of_stage_s(root)
-    assert edited["dirty"] is True and edited["dirty_files"] == ["code.py"] and len(edited["diff_sha256"]) == 64
+    assert (
+        edited["dirty"] is True and edited["dirty_files"] == ["code.py"] and len(edited["diff_sha256"]) == 64
+    )
 
     (root / "code.py").write_text("print('v1')\n")
     (root / "params.yaml").write_text("s:\n  lr: 2\nother:\n  x: 2\n")
@@ -156,5 +161,7 @@ def test_an_untracked_dep_and_a_changed_stage_command_are_dirty_and_hashed(tmp_p
     assert git_of_stage_s(root)["diff_sha256"] != first["diff_sha256"]
 
     (root / "helper.py").unlink()
-    (root / "dvc.yaml").write_text("stages:\n  s:\n    cmd: python code.py --fast\n    deps: [code.py, helper.py]\n")
+    (root / "dvc.yaml").write_text(
+        "stages:\n  s:\n    cmd: python code.py --fast\n    deps: [code.py, helper.py]\n"
+    )
     assert git_of_stage_s(root)["dirty_files"] == ["dvc.yaml [s]"]

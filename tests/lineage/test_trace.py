@@ -15,7 +15,9 @@ pytestmark = pytest.mark.slow
 
 
 def lineage(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["policypipe", "lineage", *args], cwd=repo, env=env(), capture_output=True, text=True)
+    return subprocess.run(
+        ["policypipe", "lineage", *args], cwd=repo, env=env(), capture_output=True, text=True
+    )
 
 
 def recording_lines(repo: Path) -> list[str]:
@@ -42,7 +44,15 @@ def test_checkpoint_and_dataset_lineage_and_json(pipeline_repo: Path) -> None:
     checkpoint = lineage(pipeline_repo, "data/train/checkpoints/latest", "--json")
     chain = json.loads(checkpoint.stdout)["chain"]
     assert [link["what"] for link in chain] == [
-        "checkpoint", "train run", "statistics", "stats run", "dataset", "convert run", "manifest", "pair run", "recordings"
+        "checkpoint",
+        "train run",
+        "statistics",
+        "stats run",
+        "dataset",
+        "convert run",
+        "manifest",
+        "pair run",
+        "recordings",
     ]
     assert chain[-1]["count"] == 3
     dataset = lineage(pipeline_repo, "data/dataset.zarr")
@@ -65,7 +75,9 @@ def test_an_older_run_is_found_in_git_history(pipeline_repo: Path, tmp_path: Pat
 def test_missing_links_and_wrong_paths_are_explained(pipeline_repo: Path, tmp_path: Path) -> None:
     stranger = tmp_path / "policy"
     shutil.copytree(pipeline_repo / "data/policy", stranger)
-    (stranger / "config.json").write_text((stranger / "config.json").read_text() + " ")  # another policy's bytes
+    (stranger / "config.json").write_text(
+        (stranger / "config.json").read_text() + " "
+    )  # another policy's bytes
     done = lineage(pipeline_repo, str(stranger))
     assert done.returncode == 1 and "train run: NOT FOUND" in done.stdout
 

@@ -12,18 +12,34 @@ from policypipe.policy.config import PolicyConfig
 from policypipe.policy.diffusion import DiffusionPolicy
 
 TINY = PolicyConfig(
-    horizon=8, n_action_steps=4, image_size=(32, 32), crop_size=(28, 28), encoder_widths=(16, 32),
-    image_feature_dim=32, down_dims=(32, 64), diffusion_step_embed_dim=32, num_inference_steps=4,
+    horizon=8,
+    n_action_steps=4,
+    image_size=(32, 32),
+    crop_size=(28, 28),
+    encoder_widths=(16, 32),
+    image_feature_dim=32,
+    down_dims=(32, 64),
+    diffusion_step_embed_dim=32,
+    num_inference_steps=4,
 )
 
 
 def fake_stats() -> dict:
     def entry(dim, lo, hi):
-        return {"min": [lo] * dim, "max": [hi] * dim, "mean": [(lo + hi) / 2] * dim, "std": [(hi - lo) / 4] * dim}
+        return {
+            "min": [lo] * dim,
+            "max": [hi] * dim,
+            "mean": [(lo + hi) / 2] * dim,
+            "std": [(hi - lo) / 4] * dim,
+        }
 
     return {
-        "lowdim": {"obs.eef_pose_rel": entry(9, -0.1, 0.1), "obs.gripper_width": entry(1, 0.02, 0.08), "action": entry(10, -0.2, 0.2),
-                   "action_per_step": entry(TINY.horizon * 10, -0.2, 0.2)},
+        "lowdim": {
+            "obs.eef_pose_rel": entry(9, -0.1, 0.1),
+            "obs.gripper_width": entry(1, 0.02, 0.08),
+            "action": entry(10, -0.2, 0.2),
+            "action_per_step": entry(TINY.horizon * 10, -0.2, 0.2),
+        },
         "image": {"data/camera0_rgb": {"mean": [0.5, 0.5, 0.5], "std": [0.2, 0.2, 0.2]}},
     }
 
@@ -102,7 +118,9 @@ class Oracle(torch.nn.Module):
     def forward(self, noisy: torch.Tensor, steps: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         scheduler, kind = self.scheduler, self.kind
         alpha_bar = scheduler.alphas_cumprod[steps].view(-1, 1, 1)
-        noise = (noisy - alpha_bar.sqrt() * self.clean) / (1 - alpha_bar).sqrt()  # what this sample's noise must be
+        noise = (noisy - alpha_bar.sqrt() * self.clean) / (
+            1 - alpha_bar
+        ).sqrt()  # what this sample's noise must be
         if kind == "epsilon":
             return noise
         if kind == "sample":
@@ -131,7 +149,9 @@ def test_an_unknown_prediction_type_is_refused_with_the_choices() -> None:
 
 
 @pytest.mark.parametrize("kind", ["epsilon", "sample", "v_prediction"])
-def test_min_max_sampling_clips_the_clean_chunk_to_the_training_range_and_mean_std_does_not(kind: str) -> None:
+def test_min_max_sampling_clips_the_clean_chunk_to_the_training_range_and_mean_std_does_not(
+    kind: str,
+) -> None:
     data = batch()
     far = torch.full((3, 8, 10), 3.0)  # normalised, outside [-1, 1]
     far[..., 1::2] = -3.0
@@ -173,8 +193,12 @@ class Recorder(torch.nn.Module):
         ("leading", 100, 16, [90, 84, 78, 72, 66, 60, 54, 48, 42, 36, 30, 24, 18, 12, 6, 0]),
     ],
 )
-def test_sampling_visits_the_diffusion_steps_of_its_timestep_spacing(spacing, train_steps, inference_steps, expected) -> None:
-    config = replace(TINY, timestep_spacing=spacing, num_train_timesteps=train_steps, num_inference_steps=inference_steps)
+def test_sampling_visits_the_diffusion_steps_of_its_timestep_spacing(
+    spacing, train_steps, inference_steps, expected
+) -> None:
+    config = replace(
+        TINY, timestep_spacing=spacing, num_train_timesteps=train_steps, num_inference_steps=inference_steps
+    )
     policy = DiffusionPolicy(config)
     policy.denoiser = recorder = Recorder()
     policy.eval().predict_action(batch(), torch.Generator().manual_seed(0))
@@ -184,5 +208,7 @@ def test_sampling_visits_the_diffusion_steps_of_its_timestep_spacing(spacing, tr
 def test_trailing_spacing_refuses_a_step_count_that_would_sample_at_the_wrong_noise_level() -> None:
     # diffusers' DDIM always steps down by num_train_timesteps // num_inference_steps: trailing
     # 16 of 100 would visit 99, 93, 87, 80 but land on 81 before it asks the network about 80.
-    with pytest.raises(ValueError, match=r"num_inference_steps 16 must divide num_train_timesteps 100.*10, 20, 25"):
+    with pytest.raises(
+        ValueError, match=r"num_inference_steps 16 must divide num_train_timesteps 100.*10, 20, 25"
+    ):
         replace(TINY, timestep_spacing="trailing", num_train_timesteps=100, num_inference_steps=16)

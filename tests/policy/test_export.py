@@ -22,7 +22,9 @@ from tests.policy.test_diffusion import TINY, batch, fake_stats
         dict(normalization="mean_std", normalize_actions_per_step=False, timestep_spacing="leading"),
     ],
 )
-def test_a_loaded_policy_keeps_its_modes_and_predicts_exactly_what_the_saved_one_did(tmp_path: Path, choices) -> None:
+def test_a_loaded_policy_keeps_its_modes_and_predicts_exactly_what_the_saved_one_did(
+    tmp_path: Path, choices
+) -> None:
     torch.manual_seed(0)
     policy = DiffusionPolicy(replace(TINY, **choices))
     policy.fit_normalizers(fake_stats())
@@ -42,9 +44,13 @@ def test_a_policy_saved_before_these_choices_existed_is_refused_with_what_it_lac
     for key in ("num_keypoints", "normalization", "timestep_spacing"):
         del old[key]
     state = {k: v.contiguous() for k, v in DiffusionPolicy(TINY).state_dict().items()}
-    write_folder_atomic(tmp_path / "old", {
-        "model.safetensors": lambda p: save_file(state, p),
-        "config.json": lambda p: p.write_bytes(canonical_json({"policy": old})),
-    }, extra={"lineage": {}})
+    write_folder_atomic(
+        tmp_path / "old",
+        {
+            "model.safetensors": lambda p: save_file(state, p),
+            "config.json": lambda p: p.write_bytes(canonical_json({"policy": old})),
+        },
+        extra={"lineage": {}},
+    )
     with pytest.raises(ValueError, match="lacks normalization, num_keypoints, timestep_spacing"):
         load_policy(tmp_path / "old")

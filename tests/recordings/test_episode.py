@@ -37,7 +37,9 @@ def jpeg(value: int) -> bytes:
 
 
 def make_streams(camera_hz=30.0, pose_hz=150.0, seconds=2.0, camera_offset_s=0.1, **overrides) -> Streams:
-    cam_t = T0 + np.round((camera_offset_s + np.arange(int(seconds * camera_hz)) / camera_hz) * 1e9).astype(np.int64)
+    cam_t = T0 + np.round((camera_offset_s + np.arange(int(seconds * camera_hz)) / camera_hz) * 1e9).astype(
+        np.int64
+    )
     pose_t = T0 + np.round(np.arange(int((seconds + 0.3) * pose_hz)) / pose_hz * 1e9).astype(np.int64)
     pose_s = (pose_t - T0) / 1e9
     width_t = T0 + np.round(np.arange(int((seconds + 0.3) * 45)) / 45 * 1e9).astype(np.int64)
@@ -96,7 +98,9 @@ def test_out_of_order_and_duplicate_camera_messages_land_in_time_order() -> None
     order = np.arange(len(streams.camera_ns))
     order[[10, 11]] = order[[11, 10]]  # written out of order
     order = np.append(order, 20)  # and one duplicate
-    streams = make_streams(camera_ns=streams.camera_ns[order], camera_data=[streams.camera_data[i] for i in order])
+    streams = make_streams(
+        camera_ns=streams.camera_ns[order], camera_data=[streams.camera_data[i] for i in order]
+    )
 
     ep = build_episode(streams, CONFIG)
 
@@ -175,9 +179,13 @@ def test_resampling_puts_every_episode_on_one_grid() -> None:
 def test_resampling_keeps_each_frame_with_the_pose_of_its_own_capture_time() -> None:
     # A camera 7 ms off the 10 Hz grid: the nearest frames are kept at their capture times.
     streams = make_streams()
-    streams = replace(streams, camera_ns=streams.camera_ns + np.where(np.arange(len(streams.camera_ns)) % 2, 7_000_000, 0))
+    streams = replace(
+        streams, camera_ns=streams.camera_ns + np.where(np.arange(len(streams.camera_ns)) % 2, 7_000_000, 0)
+    )
     ep = build_episode(streams, ConvertConfig(image_size=(32, 24), min_frames=5, resample_hz=10.0))
-    assert set(ep.capture_ns.tolist()) <= set(streams.camera_ns.tolist())  # real capture times, not grid times
+    assert set(ep.capture_ns.tolist()) <= set(
+        streams.camera_ns.tolist()
+    )  # real capture times, not grid times
     brightness = ep.rgb[:, 0, 0, 0].astype(int)
     index = np.searchsorted(streams.camera_ns, ep.capture_ns)
     assert np.all(np.abs(brightness - 8 * (index % 30)) <= 2)  # the image of that very frame
@@ -238,7 +246,9 @@ def h264_streams(packets: list[bytes], camera_ns: np.ndarray) -> Streams:
     [([23], list(range(24, 30))), ([29], []), ([0, 1, 2, 3, 4], [5, 6, 7, 8, 9])],
     ids=["mid-gop", "just-before-idr", "stream-starts-mid-gop"],
 )
-def test_h264_frames_after_a_lost_packet_are_dropped_until_the_next_keyframe(lost: list[int], reference_lost: list[int]) -> None:
+def test_h264_frames_after_a_lost_packet_are_dropped_until_the_next_keyframe(
+    lost: list[int], reference_lost: list[int]
+) -> None:
     """Frames decoded against a lost reference are dropped and counted; the others are the
     very frames of the loss-free stream."""
     packets = h264_packets(60)
@@ -271,7 +281,9 @@ def test_h264_frames_after_a_lost_packet_are_dropped_until_the_next_keyframe(los
     ],
     ids=["empty", "garbage-slice", "truncated-slice"],
 )
-def test_bad_h264_packet_is_one_undecodable_frame_and_the_gop_after_it_is_dropped(damage: Callable[[bytes], bytes]) -> None:
+def test_bad_h264_packet_is_one_undecodable_frame_and_the_gop_after_it_is_dropped(
+    damage: Callable[[bytes], bytes],
+) -> None:
     """An empty packet must never reach the decoder: it means "end of stream" and would end
     the decoding of every later frame. Garbage never reaches it either; a slice whose header
     reads but whose data the decoder fails on does, and the frames after it are suspect."""
@@ -292,15 +304,22 @@ def full_then_resize(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """The reference: the whole frame in RGB, then resized (area to shrink, linear to enlarge)."""
     if rgb.shape[1::-1] == size:
         return rgb
-    return cv2.resize(rgb, size, interpolation=cv2.INTER_AREA if rgb.shape[1] >= size[0] else cv2.INTER_LINEAR)
+    return cv2.resize(
+        rgb, size, interpolation=cv2.INTER_AREA if rgb.shape[1] >= size[0] else cv2.INTER_LINEAR
+    )
 
 
 @pytest.mark.parametrize("size", [(32, 24), (64, 48), (100, 70)], ids=["shrink", "same", "enlarge"])
 def test_frames_are_the_full_resolution_decode_resized(size: tuple[int, int]) -> None:
     rng = np.random.default_rng(0)
-    images = [cv2.GaussianBlur(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), (5, 5), 0) for _ in range(3)]
+    images = [
+        cv2.GaussianBlur(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), (5, 5), 0) for _ in range(3)
+    ]
     config = ConvertConfig(image_size=size, min_frames=2)
-    stills = make_streams(camera_ns=make_streams().camera_ns[:3], camera_data=[cv2.imencode(".jpg", i)[1].tobytes() for i in images])
+    stills = make_streams(
+        camera_ns=make_streams().camera_ns[:3],
+        camera_data=[cv2.imencode(".jpg", i)[1].tobytes() for i in images],
+    )
     ep = build_episode(stills, config)
     assert len(ep.rgb) == 3
     for data, got in zip(stills.camera_data, ep.rgb):
@@ -309,7 +328,9 @@ def test_frames_are_the_full_resolution_decode_resized(size: tuple[int, int]) ->
 
     packets = h264_packets(12)
     ep = build_episode(h264_streams(packets, make_streams().camera_ns[:12]), config)
-    assert np.array_equal(ep.rgb, np.stack([full_then_resize(f, size) for f in plain_decode(packets).values()]))
+    assert np.array_equal(
+        ep.rgb, np.stack([full_then_resize(f, size) for f in plain_decode(packets).values()])
+    )
 
 
 def test_still_frames_are_decoded_and_resized_one_at_a_time() -> None:
@@ -379,7 +400,11 @@ def test_h264_frames_are_decoded_and_resized_one_at_a_time(monkeypatch: pytest.M
     live = LiveArrays()
     create = lambda codec, mode: CountingDecoder(av.CodecContext.create(codec, mode), live)  # noqa: E731
     monkeypatch.setattr(
-        episode, "av", types.SimpleNamespace(CodecContext=types.SimpleNamespace(create=create), Packet=av.Packet, error=av.error)
+        episode,
+        "av",
+        types.SimpleNamespace(
+            CodecContext=types.SimpleNamespace(create=create), Packet=av.Packet, error=av.error
+        ),
     )
     count = 12
     streams = h264_streams(h264_packets(count, (640, 480)), make_streams().camera_ns[:count])

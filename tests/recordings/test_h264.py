@@ -44,7 +44,9 @@ def frame(i: int, size: tuple[int, int] = (64, 48)) -> np.ndarray:
     return bgr
 
 
-def encode(indices: list[int], *, bframes: int = 0, pix_fmt: str = "yuv420p") -> tuple[list[bytes], list[int]]:
+def encode(
+    indices: list[int], *, bframes: int = 0, pix_fmt: str = "yuv420p"
+) -> tuple[list[bytes], list[int]]:
     """libx264, an IDR every 10 frames: (packets in decode order, each packet's frame index).
 
     With B-frames ("veryfast": High profile, B-pyramid) the middle B of each pair is a
@@ -104,7 +106,15 @@ def first_slice(packets: list[bytes]) -> list[h264.SliceHeader]:
 def test_exp_golomb_and_fixed_width_fields() -> None:
     # 1 | 010 | 011 | 00100 | 00101 | 1 0 1 | 0001000 -> ue 0, 1, 2, 3; se -2; u(3) 5; ue 7
     bits = BitReader(bytes([0b10100110, 0b01000010, 0b11010001, 0b00000000]))
-    assert [bits.ue(), bits.ue(), bits.ue(), bits.ue(), bits.se(), bits.u(3), bits.ue()] == [0, 1, 2, 3, -2, 5, 7]
+    assert [bits.ue(), bits.ue(), bits.ue(), bits.ue(), bits.se(), bits.u(3), bits.ue()] == [
+        0,
+        1,
+        2,
+        3,
+        -2,
+        5,
+        7,
+    ]
     with pytest.raises(BitstreamError):
         BitReader(b"\x00\x00\x00\x00\x00").ue()  # more than 32 leading zeros
     with pytest.raises(BitstreamError):
@@ -142,7 +152,11 @@ def test_idr_packets_are_found_by_their_nal_units() -> None:
 def test_real_stream_headers(bframes: int, pix_fmt: str, profile_idc: int, chroma_format_idc: int) -> None:
     packets, index = encode(list(range(25)), bframes=bframes, pix_fmt=pix_fmt)
     sps = parse_sps(next(n for n in nal_units(packets[0]) if nal_header(n).nal_unit_type == h264.NAL_SPS))
-    assert (sps.profile_idc, sps.chroma_format_idc, sps.separate_colour_plane) == (profile_idc, chroma_format_idc, False)
+    assert (sps.profile_idc, sps.chroma_format_idc, sps.separate_colour_plane) == (
+        profile_idc,
+        chroma_format_idc,
+        False,
+    )
     assert sps.frame_mbs_only and not sps.gaps_in_frame_num_allowed and sps.frame_size_in_mbs == 4 * 3
     assert sps.max_frame_num >= 10  # no wrap within a GOP
 
@@ -190,7 +204,9 @@ def test_lost_reference_picture_breaks_the_pictures_after_it_until_the_next_idr(
         if k not in broken:
             assert np.array_equal(rgb[j], whole[k]), f"packet {k}"
     damaged = plain_decode([packets[k] for k in kept])
-    assert any(not np.array_equal(damaged[j], whole[k]) for j, k in enumerate(kept) if k in broken and j in damaged)
+    assert any(
+        not np.array_equal(damaged[j], whole[k]) for j, k in enumerate(kept) if k in broken and j in damaged
+    )
 
 
 def plain_decode(packets: list[bytes]) -> dict[int, np.ndarray]:
@@ -216,11 +232,17 @@ def test_lost_non_reference_picture_breaks_nothing() -> None:
 
     assert verdicts([packets[k] for k in kept]) == [INTACT] * len(kept)
 
-    streams = make_streams(camera_ns=capture_ns([index[k] for k in kept]), camera_data=[packets[k] for k in kept], camera_format="h264")
+    streams = make_streams(
+        camera_ns=capture_ns([index[k] for k in kept]),
+        camera_data=[packets[k] for k in kept],
+        camera_format="h264",
+    )
     ep = build_episode(streams, CONFIG)
     assert "h264_reference_lost" not in ep.dropped and "undecodable" not in ep.dropped
     assert np.array_equal(ep.capture_ns, np.sort(capture_ns([index[k] for k in kept])))
-    whole = build_episode(make_streams(camera_ns=capture_ns(index), camera_data=packets, camera_format="h264"), CONFIG)
+    whole = build_episode(
+        make_streams(camera_ns=capture_ns(index), camera_data=packets, camera_format="h264"), CONFIG
+    )
     assert np.array_equal(ep.rgb, whole.rgb[np.isin(whole.capture_ns, ep.capture_ns)])
 
 
@@ -244,7 +266,9 @@ def test_simulated_recording_with_dropped_camera_frames_decodes_every_frame() ->
     """The sample simulator drops frames before encoding, as a real camera does."""
     rng = np.random.default_rng(3)
     plan = plan_motion(rng, T0, duration_s=3.0)
-    rec = simulate_recording(plan, StreamTiming(camera_drop_fraction=0.05), rng, camera="video", image_size=(64, 48))
+    rec = simulate_recording(
+        plan, StreamTiming(camera_drop_fraction=0.05), rng, camera="video", image_size=(64, 48)
+    )
     assert rec.truth.dropped_frames > 0 and missing_frames(rec.truth.camera_ns) > 0
     payloads = [CompressedVideo.FromString(m.data).data for m in rec.vio_messages if m.channel == "video"]
     position, quat = plan.pose_at(rec.truth.pose_ns)
@@ -270,7 +294,9 @@ def test_stream_starting_mid_gop_is_broken_until_the_first_idr() -> None:
     packets, _ = encode(list(range(25)))
     # Without the parameter sets, and with them (a camera that repeats SPS/PPS on every packet).
     assert verdicts(packets[3:]) == [BROKEN] * 7 + [INTACT] * 15
-    headers = b"".join(b"\x00\x00\x00\x01" + bytes(n) for n in nal_units(packets[0]) if nal_header(n).nal_unit_type in (7, 8))
+    headers = b"".join(
+        b"\x00\x00\x00\x01" + bytes(n) for n in nal_units(packets[0]) if nal_header(n).nal_unit_type in (7, 8)
+    )
     assert verdicts([headers + packets[3], *packets[4:]]) == [BROKEN] * 7 + [INTACT] * 15
 
 
@@ -280,7 +306,10 @@ def test_unreadable_packets_are_reported_and_count_as_lost() -> None:
     damaged = [*packets[:3], b"", *packets[3:5], garbage, *packets[5:]]
     # The empty packet hides nothing (packet 3 follows in frame_num order); the garbage
     # claims to be a reference picture that the decoder never gets.
-    assert verdicts(damaged) == [INTACT] * 3 + [UNREADABLE] + [INTACT] * 2 + [UNREADABLE] + [BROKEN] * 5 + [INTACT] * 10
+    assert (
+        verdicts(damaged)
+        == [INTACT] * 3 + [UNREADABLE] + [INTACT] * 2 + [UNREADABLE] + [BROKEN] * 5 + [INTACT] * 10
+    )
     # An IDR without its slice data: its parameter sets are dropped with it, what follows is broken.
     cut = packets[10][: packets[10].rfind(b"\x00\x00\x01") + 4]
     assert verdicts([*packets[:10], cut, *packets[11:]]) == [INTACT] * 10 + [UNREADABLE] + [BROKEN] * 9
@@ -342,7 +371,9 @@ def pps(pps_id: int = 5, sps_id: int = 3) -> bytes:
     return BitWriter().ue(pps_id).ue(sps_id).u(1, 1).u(1, 0).nal(0x68)
 
 
-def slice_nal(frame_num: int, *, idr: bool = False, ref: bool = True, pps_id: int = 5, log2_max_frame_num: int = 4) -> bytes:
+def slice_nal(
+    frame_num: int, *, idr: bool = False, ref: bool = True, pps_id: int = 5, log2_max_frame_num: int = 4
+) -> bytes:
     w = BitWriter().ue(0).ue(7 if idr else 5).ue(pps_id).u(2, 2).u(log2_max_frame_num, frame_num)
     w.u(8, 0)  # the rest of the slice, which is not read
     return w.nal((0x60 if ref else 0x00) | (5 if idr else 1))
@@ -350,12 +381,25 @@ def slice_nal(frame_num: int, *, idr: bool = False, ref: bool = True, pps_id: in
 
 def test_high_profile_sps_with_scaling_lists_and_colour_planes() -> None:
     sps = parse_sps(next(nal_units(high444_sps(log2_max_frame_num=7))))
-    assert (sps.sps_id, sps.profile_idc, sps.chroma_format_idc, sps.separate_colour_plane) == (3, 244, 3, True)
+    assert (sps.sps_id, sps.profile_idc, sps.chroma_format_idc, sps.separate_colour_plane) == (
+        3,
+        244,
+        3,
+        True,
+    )
     assert (sps.log2_max_frame_num, sps.frame_mbs_only, sps.frame_size_in_mbs) == (7, False, 80 * 45 * 2)
     header = parse_slice_header(
-        next(nal_units(slice_nal(100, log2_max_frame_num=7))), {5: parse_pps(next(nal_units(pps())))}, {3: sps}
+        next(nal_units(slice_nal(100, log2_max_frame_num=7))),
+        {5: parse_pps(next(nal_units(pps())))},
+        {3: sps},
     )
-    assert (header.slice_type, header.pps_id, header.colour_plane_id, header.frame_num, header.reference) == (5, 5, 2, 100, True)
+    assert (header.slice_type, header.pps_id, header.colour_plane_id, header.frame_num, header.reference) == (
+        5,
+        5,
+        2,
+        100,
+        True,
+    )
 
 
 def synthetic(frame_nums: list[int | str], *, gaps: bool = False) -> list[bytes]:

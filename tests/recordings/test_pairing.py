@@ -46,17 +46,37 @@ def test_good_triplets_are_paired_with_relative_paths_sizes_and_hashes(export: P
         (lambda d: (d / "r_vio.json").unlink(), "not_paired", "r_vio.json"),
         (lambda d: (d / "r.mcap").unlink(), "not_paired", "r.mcap"),
         (lambda d: (d / "r_vio.mcap").write_bytes(b""), "empty", "r_vio.mcap"),
-        (lambda d: (d / "r_vio.json").write_text('{"source": "r.mcap",\n "status": '), "invalid_json", "line 2"),
+        (
+            lambda d: (d / "r_vio.json").write_text('{"source": "r.mcap",\n "status": '),
+            "invalid_json",
+            "line 2",
+        ),
         (lambda d: (d / "r_vio.json").write_text('{"source": "r.mcap"}'), "missing_keys", "output, status"),
         (lambda d: (d / "r_vio.json").write_text("[1, 2]"), "invalid_json", "object"),
         (lambda d: (d / "r_vio.json").write_bytes(b'{"a": "\xff"}'), "invalid_json", "UTF-8"),
-        (lambda d: (d / "r_vio.json").write_text('{"source": "r.mcap", "output": "r_vio.mcap", "status": NaN}'),
-         "invalid_json", "NaN"),
-        (lambda d: _status(d, status="failed", error="VIO lost tracking at 12.4 s"), "status_not_success",
-         "VIO lost tracking at 12.4 s"),
+        (
+            lambda d: (d / "r_vio.json").write_text(
+                '{"source": "r.mcap", "output": "r_vio.mcap", "status": NaN}'
+            ),
+            "invalid_json",
+            "NaN",
+        ),
+        (
+            lambda d: _status(d, status="failed", error="VIO lost tracking at 12.4 s"),
+            "status_not_success",
+            "VIO lost tracking at 12.4 s",
+        ),
         (lambda d: _status(d, status="running", error=None), "status_not_success", "no error text"),
-        (lambda d: _status(d, source="../x.mcap"), "source_not_in_folder", "'../x.mcap' points outside the recording's"),
-        (lambda d: _status(d, source="../../x.mcap"), "source_not_in_folder", "'../../x.mcap' points outside the export"),
+        (
+            lambda d: _status(d, source="../x.mcap"),
+            "source_not_in_folder",
+            "'../x.mcap' points outside the recording's",
+        ),
+        (
+            lambda d: _status(d, source="../../x.mcap"),
+            "source_not_in_folder",
+            "'../../x.mcap' points outside the export",
+        ),
         (lambda d: _status(d, output="/etc/passwd"), "source_not_in_folder", "outside the export"),
         (lambda d: _status(d, source="s1/r.mcap"), "source_not_in_folder", "s1/r.mcap"),
         (lambda d: _status(d, source="other.mcap"), "name_mismatch", "other.mcap"),
@@ -185,7 +205,11 @@ def test_manifest_is_byte_identical_across_runs_and_locations(export: Path, tmp_
     again = pair_export(export, PairConfig(task="pick_place", hash_workers=1))
     moved = pair_export(elsewhere, CONFIG)
 
-    assert canonical_json(first.manifest()) == canonical_json(again.manifest()) == canonical_json(moved.manifest())
+    assert (
+        canonical_json(first.manifest())
+        == canonical_json(again.manifest())
+        == canonical_json(moved.manifest())
+    )
     assert canonical_json(first.report()) == canonical_json(moved.report())
     assert first.export_sha256 == moved.export_sha256
 
@@ -232,7 +256,9 @@ SAMPLE_DEFECT_REASONS = {
 def test_sample_export_every_defect_rejected_with_its_reason_and_nothing_else(tmp_path: Path) -> None:
     from policypipe.recordings.sample import SampleConfig, write_sample_export
 
-    sample = write_sample_export(tmp_path / "raw", SampleConfig(recordings=3, seed=5, image_width=96, image_height=72))
+    sample = write_sample_export(
+        tmp_path / "raw", SampleConfig(recordings=3, seed=5, image_width=96, image_height=72)
+    )
     assert set(sample.defects) == set(SAMPLE_DEFECT_REASONS)
 
     result = pair_export(sample.root, CONFIG)
@@ -252,7 +278,9 @@ def test_sample_export_every_defect_rejected_with_its_reason_and_nothing_else(tm
 # --- exports that used to crash `pair` (issue 11): each is one rejection, the rest pairs as before
 
 
-def test_names_that_are_not_utf8_are_rejected_with_an_escaped_path_and_the_report_is_json(export: Path) -> None:
+def test_names_that_are_not_utf8_are_rejected_with_an_escaped_path_and_the_report_is_json(
+    export: Path,
+) -> None:
     write_triplet(export / "s1", "good")
     raw_export = os.fsencode(export)
     with open(os.path.join(raw_export, b"bad\xffname.mcap"), "wb") as f:
@@ -301,7 +329,11 @@ def test_status_json_nested_too_deeply_to_parse_is_invalid_json(export: Path) ->
     result = pair_export(export, CONFIG)
 
     assert [r.stem for r in result.recordings] == ["good"]
-    assert reasons(result) == {"r.mcap": "invalid_json", "r_vio.mcap": "invalid_json", "r_vio.json": "invalid_json"}
+    assert reasons(result) == {
+        "r.mcap": "invalid_json",
+        "r_vio.mcap": "invalid_json",
+        "r_vio.json": "invalid_json",
+    }
     assert all("nested too deeply" in r.detail for r in result.rejections)
 
 

@@ -183,7 +183,9 @@ def test_a_failed_run_leaves_no_export_and_no_temporary_folder(tmp_path: Path, m
 
     monkeypatch.setattr(sample, "_run_job", crash_on_second)
     with pytest.raises(RuntimeError, match="killed"):
-        write_sample_export(tmp_path / "export", SampleConfig(recordings=2, defects=False, **SMALL), workers=1)
+        write_sample_export(
+            tmp_path / "export", SampleConfig(recordings=2, defects=False, **SMALL), workers=1
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -202,7 +204,9 @@ def test_same_config_writes_byte_identical_files_whatever_the_worker_count(expor
 
 
 def test_another_seed_writes_other_recordings(export, tmp_path: Path) -> None:
-    other = write_sample_export(tmp_path / "other", SampleConfig(recordings=3, seed=6, defects=False, **SMALL))
+    other = write_sample_export(
+        tmp_path / "other", SampleConfig(recordings=3, seed=6, defects=False, **SMALL)
+    )
     ours, theirs = tree_sha256(export.root), tree_sha256(other.root)
     for rel, digest in theirs.items():
         assert ours[rel] != digest, rel
@@ -214,7 +218,9 @@ def test_another_seed_writes_other_recordings(export, tmp_path: Path) -> None:
 def test_every_file_is_a_good_triplet_or_a_listed_defect(export) -> None:
     files = set(tree_sha256(export.root))
     good = {
-        f"session_01/{stem}{suffix}" for stem in export.good_stems for suffix in (".mcap", "_vio.mcap", "_vio.json")
+        f"session_01/{stem}{suffix}"
+        for stem in export.good_stems
+        for suffix in (".mcap", "_vio.mcap", "_vio.json")
     }
     listed = {path for paths in export.defects.values() for path in paths}
     assert good <= files and good.isdisjoint(listed)
@@ -262,7 +268,12 @@ def test_good_recordings_have_the_topics_schemas_and_encodings_of_the_contract(e
         assert image.data[:2] == b"\xff\xd8"  # JPEG SOI
         pose = on(messages, "/vio/pose")[0]["msg"]
         assert pose.frame_id == "world"
-        q = [pose.pose.orientation.x, pose.pose.orientation.y, pose.pose.orientation.z, pose.pose.orientation.w]
+        q = [
+            pose.pose.orientation.x,
+            pose.pose.orientation.y,
+            pose.pose.orientation.z,
+            pose.pose.orientation.w,
+        ]
         assert abs(np.linalg.norm(q) - 1.0) < 1e-6
         width = on(messages, "/gripper/width")[0]["msg"]
         assert set(width) == {"stamp_ns", "width_m"} and 0.07 < width["width_m"] < 0.09  # starts open
@@ -273,7 +284,10 @@ def test_timestamps_are_capture_times_on_realistic_clocks(export) -> None:
     first_stamps = []
     for stem in export.good_stems:
         messages = read_mcap(export.root / "session_01" / f"{stem}_vio.mcap")
-        stamps = {t: np.array([capture_ns(m) for m in on(messages, t)]) for t in ("/camera0/image", "/vio/pose", "/gripper/width")}
+        stamps = {
+            t: np.array([capture_ns(m) for m in on(messages, t)])
+            for t in ("/camera0/image", "/vio/pose", "/gripper/width")
+        }
         for topic, t in stamps.items():  # in file order, so also in log_time order
             assert np.all(np.diff(t) > 0), f"{stem} {topic}: capture times not strictly increasing"
         camera_dt = np.diff(stamps["/camera0/image"]) / 1e9
@@ -320,7 +334,9 @@ def test_raw_recording_holds_camera_and_imu(export) -> None:
         dict(compression="none", chunked=False, summary=False),
     ],
 )
-def test_written_values_are_the_plan_evaluated_at_the_written_timestamps(tmp_path: Path, variation: dict) -> None:
+def test_written_values_are_the_plan_evaluated_at_the_written_timestamps(
+    tmp_path: Path, variation: dict
+) -> None:
     rng = np.random.default_rng(11)
     plan = plan_motion(rng, START_NS, duration_s=3.0)
     timing = StreamTiming(pose_hz=180.0, camera_drop_fraction=0.05, pose_start_s=0.2, width_stop_s=0.1)
@@ -339,7 +355,9 @@ def test_written_values_are_the_plan_evaluated_at_the_written_timestamps(tmp_pat
     assert np.array_equal(pose_ns, truth.pose_ns)
     assert pose_ns[0] >= plan.start_ns + 200_000_000 - 1_000_000  # pose starts late
     position, quat = plan.pose_at(pose_ns)
-    written_p = np.array([[m["msg"].pose.position.x, m["msg"].pose.position.y, m["msg"].pose.position.z] for m in poses])
+    written_p = np.array(
+        [[m["msg"].pose.position.x, m["msg"].pose.position.y, m["msg"].pose.position.z] for m in poses]
+    )
     o = [m["msg"].pose.orientation for m in poses]
     written_q = np.array([[q.x, q.y, q.z, q.w] for q in o])
     assert np.array_equal(written_p, position) and np.array_equal(written_q, quat)
@@ -353,7 +371,9 @@ def test_written_values_are_the_plan_evaluated_at_the_written_timestamps(tmp_pat
 def test_png_frames_are_exactly_the_rendered_ground_truth(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     plan = plan_motion(rng, START_NS, duration_s=2.0)
-    truth = write_vio_mcap(tmp_path / "p_vio.mcap", plan, StreamTiming(), rng, image_format="png", image_size=(64, 48))
+    truth = write_vio_mcap(
+        tmp_path / "p_vio.mcap", plan, StreamTiming(), rng, image_format="png", image_size=(64, 48)
+    )
     images = on(read_mcap(tmp_path / "p_vio.mcap"), "/camera0/image")
     assert images[0]["msg"].format == "png"
     for m in images[:: len(images) // 4]:
@@ -402,23 +422,33 @@ def test_timecode_survives_jpeg_and_a_resize_to_64x48() -> None:
 def test_video_messages_are_single_h264_frames_with_timecodes(tmp_path: Path) -> None:
     rng = np.random.default_rng(8)
     plan = plan_motion(rng, START_NS, duration_s=2.5)
-    truth = write_vio_mcap(tmp_path / "v_vio.mcap", plan, StreamTiming(), rng, camera="video", timecode=True, image_size=(96, 72))
+    truth = write_vio_mcap(
+        tmp_path / "v_vio.mcap", plan, StreamTiming(), rng, camera="video", timecode=True, image_size=(96, 72)
+    )
     videos = on(read_mcap(tmp_path / "v_vio.mcap"), "/camera0/video")
-    assert {(m["schema"], m["msg"].format, m["msg"].frame_id) for m in videos} == {("foxglove.CompressedVideo", "h264", "camera0")}
+    assert {(m["schema"], m["msg"].format, m["msg"].frame_id) for m in videos} == {
+        ("foxglove.CompressedVideo", "h264", "camera0")
+    }
     payloads = [m["msg"].data for m in videos]
     keyframes = [i for i, p in enumerate(payloads) if 5 in nal_types(p)]  # IDR slices
     assert keyframes[0] == 0 and 2 <= len(keyframes) <= 4  # about one per second
     assert all({7, 8} <= set(nal_types(payloads[i])) for i in keyframes)  # SPS and PPS with every IDR
-    assert all(p.startswith(b"\x00\x00\x00\x01") or p.startswith(b"\x00\x00\x01") for p in payloads)  # Annex B
+    assert all(
+        p.startswith(b"\x00\x00\x00\x01") or p.startswith(b"\x00\x00\x01") for p in payloads
+    )  # Annex B
     frames = decode_h264_one_by_one(payloads)
     assert len(frames) == truth.frames
     for m, frame in zip(videos, frames):
         assert read_timecode(frame) == timecode_value(capture_ns(m))
-        assert read_timecode(cv2.resize(frame, (64, 48), interpolation=cv2.INTER_AREA)) == timecode_value(capture_ns(m))
+        assert read_timecode(cv2.resize(frame, (64, 48), interpolation=cv2.INTER_AREA)) == timecode_value(
+            capture_ns(m)
+        )
 
 
 def test_video_export_mode_writes_decodable_frames_that_show_the_target(tmp_path: Path) -> None:
-    result = write_sample_export(tmp_path / "v", SampleConfig(recordings=1, camera="video", defects=False, **SMALL))
+    result = write_sample_export(
+        tmp_path / "v", SampleConfig(recordings=1, camera="video", defects=False, **SMALL)
+    )
     messages = read_mcap(result.root / "session_01" / "rec_0001_vio.mcap")
     assert "/camera0/image" not in {m["topic"] for m in messages}
     frames = decode_h264_one_by_one([m["msg"].data for m in on(messages, "/camera0/video")])
@@ -460,7 +490,9 @@ def test_simulated_recording_is_deterministic_given_its_seeds(tmp_path: Path) ->
         plan = plan_motion(rng, START_NS, duration_s=2.0)
         rec = simulate_recording(plan, random_timing(rng), rng, camera="video", image_size=(64, 48))
         write_simulated_vio(tmp_path / name, rec)
-        write_raw_mcap(tmp_path / f"raw_{name}", plan, StreamTiming(), np.random.default_rng(1), image_size=(64, 48))
+        write_raw_mcap(
+            tmp_path / f"raw_{name}", plan, StreamTiming(), np.random.default_rng(1), image_size=(64, 48)
+        )
         return (tmp_path / name).read_bytes() + (tmp_path / f"raw_{name}").read_bytes()
 
     assert write("a.mcap") == write("b.mcap")
@@ -472,7 +504,10 @@ def test_simulated_recording_is_deterministic_given_its_seeds(tmp_path: Path) ->
 def test_every_defect_is_present_under_its_contract_name(export) -> None:
     assert tuple(export.defects) == DEFECT_NAMES
     root = export.root
-    stems = {name: {re.sub(r"(_vio)?( \(1\))?\.(mcap|json)(\.partial)?$", "", Path(p).name) for p in paths} for name, paths in export.defects.items()}
+    stems = {
+        name: {re.sub(r"(_vio)?( \(1\))?\.(mcap|json)(\.partial)?$", "", Path(p).name) for p in paths}
+        for name, paths in export.defects.items()
+    }
     for name, paths in export.defects.items():
         assert all((root / p).is_file() for p in paths), name
         if name not in ("retry_leftover", "partial_leftover"):
@@ -484,7 +519,9 @@ def test_every_defect_is_present_under_its_contract_name(export) -> None:
 
     failed = status("status_failed")
     assert failed["status"] == "failed" and "lost tracking" in failed["error"]
-    assert len(export.defects["missing_json"]) == 2 and not any(p.endswith(".json") for p in export.defects["missing_json"])
+    assert len(export.defects["missing_json"]) == 2 and not any(
+        p.endswith(".json") for p in export.defects["missing_json"]
+    )
     (empty,) = [p for p in export.defects["empty_vio"] if p.endswith("_vio.mcap")]
     assert (root / empty).stat().st_size == 0
     (retry,) = export.defects["retry_leftover"]

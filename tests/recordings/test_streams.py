@@ -22,8 +22,8 @@ from mcap.writer import CompressionType, IndexType, Writer
 from mcap_protobuf.schema import build_file_descriptor_set
 
 from policypipe.config import ConfigError, from_mapping
-from policypipe.recordings.streams import RecordingError, Streams, Topics, read_streams
 from policypipe.recordings.sample import StreamTiming, plan_motion, write_vio_mcap
+from policypipe.recordings.streams import RecordingError, Streams, Topics, read_streams
 from tests.conftest import MCAP_SAMPLES
 
 START_NS = 1_762_160_000_000_000_000
@@ -43,7 +43,9 @@ def rewrite_pose_as_transforms(src: Path, dst: Path) -> int:
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         writer = Writer(fout)
         writer.start()
-        tf_schema = writer.register_schema(schema.full_name, "protobuf", build_file_descriptor_set(FrameTransform).SerializeToString())
+        tf_schema = writer.register_schema(
+            schema.full_name, "protobuf", build_file_descriptor_set(FrameTransform).SerializeToString()
+        )
         tf = writer.register_channel("/tf", "protobuf", tf_schema)
         channels: dict[int, int] = {}
         poses = 0
@@ -56,13 +58,23 @@ def rewrite_pose_as_transforms(src: Path, dst: Path) -> int:
                     t.translation.x = pose.pose.position.x + offset
                     t.translation.y, t.translation.z = pose.pose.position.y, pose.pose.position.z
                     t.rotation.CopyFrom(pose.pose.orientation)
-                    writer.add_message(tf, log_time=message.log_time, publish_time=message.log_time, data=t.SerializeToString())
+                    writer.add_message(
+                        tf,
+                        log_time=message.log_time,
+                        publish_time=message.log_time,
+                        data=t.SerializeToString(),
+                    )
                 poses += 1
                 continue
             if channel.id not in channels:
                 sid = writer.register_schema(sch.name, sch.encoding, sch.data)
                 channels[channel.id] = writer.register_channel(channel.topic, channel.message_encoding, sid)
-            writer.add_message(channels[channel.id], log_time=message.log_time, publish_time=message.log_time, data=message.data)
+            writer.add_message(
+                channels[channel.id],
+                log_time=message.log_time,
+                publish_time=message.log_time,
+                data=message.data,
+            )
         writer.finish()
     return poses
 
@@ -75,7 +87,9 @@ def test_frame_transform_pose_of_the_configured_child_frame(recording: Path, tmp
 
     assert len(streams.pose_ns) == poses == len(reference.pose_ns)
     assert np.array_equal(streams.pose_ns, reference.pose_ns)
-    assert np.allclose(streams.position, reference.position) and np.allclose(streams.quaternion, reference.quaternion)
+    assert np.allclose(streams.position, reference.position) and np.allclose(
+        streams.quaternion, reference.quaternion
+    )
 
 
 def test_missing_topic_names_the_topics_that_are_there(recording: Path) -> None:
@@ -83,13 +97,19 @@ def test_missing_topic_names_the_topics_that_are_there(recording: Path) -> None:
         read_streams(recording, Topics(pose="/slam/pose"))
     assert info.value.reason == "missing_topic"
     assert "no messages on /slam/pose" in str(info.value)
-    assert "/vio/pose (foxglove.PoseInFrame)" in str(info.value) and "/gripper/width (GripperWidth)" in str(info.value)
+    assert "/vio/pose (foxglove.PoseInFrame)" in str(info.value) and "/gripper/width (GripperWidth)" in str(
+        info.value
+    )
 
 
 def test_capture_times_come_from_the_messages_not_log_time(recording: Path) -> None:
     streams = read_streams(recording, Topics())
     with open(recording, "rb") as f:
-        log_times = [m.log_time for _, c, m in make_reader(f).iter_messages(log_time_order=False) if c.topic == "/camera0/image"]
+        log_times = [
+            m.log_time
+            for _, c, m in make_reader(f).iter_messages(log_time_order=False)
+            if c.topic == "/camera0/image"
+        ]
     assert len(log_times) == len(streams.camera_ns)
     assert not np.array_equal(np.asarray(log_times), streams.camera_ns)
     assert streams.camera_format == "jpeg" and streams.truncated is None
@@ -150,7 +170,9 @@ def write_items(
             if item.topic not in channels:
                 schema = writer.register_schema(item.schema_name, item.schema_encoding, item.schema_data)
                 channels[item.topic] = writer.register_channel(item.topic, item.message_encoding, schema)
-            writer.add_message(channels[item.topic], log_time=item.log_time, publish_time=item.log_time, data=item.data)
+            writer.add_message(
+                channels[item.topic], log_time=item.log_time, publish_time=item.log_time, data=item.data
+            )
         writer.finish()
     return path
 
@@ -172,7 +194,16 @@ def chunk_contents(path: Path) -> list[tuple[ChunkIndex, list[tuple[str, bytes]]
         for index in sorted(summary.chunk_indexes, key=lambda c: c.chunk_start_offset):
             f.seek(index.chunk_start_offset + 1 + 8)  # past the opcode and the record length
             records = breakup_chunk(Chunk.read(ReadDataStream(f)))
-            out.append((index, [(summary.channels[r.channel_id].topic, r.data) for r in records if isinstance(r, Message)]))
+            out.append(
+                (
+                    index,
+                    [
+                        (summary.channels[r.channel_id].topic, r.data)
+                        for r in records
+                        if isinstance(r, Message)
+                    ],
+                )
+            )
     return out
 
 
@@ -242,7 +273,9 @@ def test_a_damaged_chunk_is_skipped_and_counted_and_every_other_chunk_is_kept(
     assert len(chunks) >= 6
     # A chunk in the middle that holds messages of all three streams.
     middle = next(
-        i for i in range(len(chunks) // 2, len(chunks)) if {STREAM_OF[t] for t, _ in chunks[i][1]} == {"camera", "pose", "width"}
+        i
+        for i in range(len(chunks) // 2, len(chunks))
+        if {STREAM_OF[t] for t, _ in chunks[i][1]} == {"camera", "pose", "width"}
     )
     index = chunks[middle][0]
     if where == "records":  # bytes in the middle of the (compressed) records
@@ -260,15 +293,27 @@ def test_a_damaged_chunk_is_skipped_and_counted_and_every_other_chunk_is_kept(
     assert_kept(streams, kept)
     assert streams.lost == lost and set(lost) == {"camera", "pose", "width"}
     assert len(streams.camera_data) == len(kept["camera"])
-    why = {"records": "", "compressed stream": "cannot decompress", "record length": "not the chunk the index describes"}[where]
-    assert len(streams.damage) == 1 and streams.damage[0].startswith(f"chunk at byte {index.chunk_start_offset}: {why}")
-    assert streams.damage[0].endswith(f"lost {lost['camera']} camera, {lost['pose']} pose, {lost['width']} width messages")
+    why = {
+        "records": "",
+        "compressed stream": "cannot decompress",
+        "record length": "not the chunk the index describes",
+    }[where]
+    assert len(streams.damage) == 1 and streams.damage[0].startswith(
+        f"chunk at byte {index.chunk_start_offset}: {why}"
+    )
+    assert streams.damage[0].endswith(
+        f"lost {lost['camera']} camera, {lost['pose']} pose, {lost['width']} width messages"
+    )
     if compression == CompressionType.NONE:
-        assert "CRC mismatch" in streams.damage[0]  # the bytes decompress (they are not compressed): the CRC says
+        assert (
+            "CRC mismatch" in streams.damage[0]
+        )  # the bytes decompress (they are not compressed): the CRC says
     assert any(streams.damage[0] in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
 
 
-def test_the_first_and_the_last_chunk_damaged_the_channels_come_from_the_summary(items: list[Item], tmp_path: Path) -> None:
+def test_the_first_and_the_last_chunk_damaged_the_channels_come_from_the_summary(
+    items: list[Item], tmp_path: Path
+) -> None:
     # The first chunk holds the schema and channel records: the summary repeats them.
     path = write_items(tmp_path / "r_vio.mcap", items)
     chunks = chunk_contents(path)
@@ -281,10 +326,14 @@ def test_the_first_and_the_last_chunk_damaged_the_channels_come_from_the_summary
     assert streams.truncated is None
     assert_kept(streams, kept)
     assert streams.lost == lost
-    assert [d.split(":")[0] for d in streams.damage] == [f"chunk at byte {c[0].chunk_start_offset}" for c in (chunks[0], chunks[-1])]
+    assert [d.split(":")[0] for d in streams.damage] == [
+        f"chunk at byte {c[0].chunk_start_offset}" for c in (chunks[0], chunks[-1])
+    ]
 
 
-def test_a_damaged_chunk_without_message_index_is_counted_from_the_statistics(items: list[Item], tmp_path: Path) -> None:
+def test_a_damaged_chunk_without_message_index_is_counted_from_the_statistics(
+    items: list[Item], tmp_path: Path
+) -> None:
     path = write_items(tmp_path / "r_vio.mcap", items, index_types=IndexType.CHUNK)
     chunks = chunk_contents(path)
     assert not chunks[2][0].message_index_offsets
@@ -310,12 +359,16 @@ def test_without_a_summary_reading_still_stops_at_the_damage(items: list[Item], 
 
     streams = read_streams(path, Topics())
 
-    assert streams.truncated is not None and streams.truncated.startswith(f"reading stopped after {len(kept['camera'])} camera frames")
+    assert streams.truncated is not None and streams.truncated.startswith(
+        f"reading stopped after {len(kept['camera'])} camera frames"
+    )
     assert_kept(streams, kept)
     assert streams.lost == {} and streams.damage == []
 
 
-def test_an_intact_file_reads_the_same_chunk_by_chunk_as_in_one_pass(items: list[Item], tmp_path: Path) -> None:
+def test_an_intact_file_reads_the_same_chunk_by_chunk_as_in_one_pass(
+    items: list[Item], tmp_path: Path
+) -> None:
     indexed = read_streams(write_items(tmp_path / "indexed_vio.mcap", items), Topics())
     one_pass = read_streams(write_items(tmp_path / "plain_vio.mcap", items, summary=False), Topics())
 
@@ -323,8 +376,16 @@ def test_an_intact_file_reads_the_same_chunk_by_chunk_as_in_one_pass(items: list
         a, b = getattr(indexed, name), getattr(one_pass, name)
         assert a.dtype == b.dtype and np.array_equal(a, b), name
     assert indexed.camera_data == one_pass.camera_data
-    assert (indexed.camera_format, indexed.camera_topic, indexed.truncated) == ("jpeg", "/camera0/image", None)
-    assert indexed.lost == one_pass.lost == {} and indexed.damage == one_pass.damage == [] and indexed.warnings == []
+    assert (indexed.camera_format, indexed.camera_topic, indexed.truncated) == (
+        "jpeg",
+        "/camera0/image",
+        None,
+    )
+    assert (
+        indexed.lost == one_pass.lost == {}
+        and indexed.damage == one_pass.damage == []
+        and indexed.warnings == []
+    )
 
 
 def image_message(seconds: int, data: bytes = b"\xff\xd8 not really a jpeg", fmt: str = "jpeg") -> bytes:
@@ -342,14 +403,29 @@ def pose_message(seconds: int) -> bytes:
 
 BAD_MESSAGES = {
     # name: (topic, bytes, stream, what the damage line says)
-    "garbage camera": ("/camera0/image", b"\xff\xff\xff\xff garbage", "camera", "not a valid foxglove.CompressedImage"),
+    "garbage camera": (
+        "/camera0/image",
+        b"\xff\xff\xff\xff garbage",
+        "camera",
+        "not a valid foxglove.CompressedImage",
+    ),
     "camera beyond int64": ("/camera0/image", image_message(2**62), "camera", "beyond int64"),
     "garbage pose": ("/vio/pose", b"\x0a\x05ab", "pose", "not a valid foxglove.PoseInFrame"),
     "pose beyond int64": ("/vio/pose", pose_message(2**62), "pose", "beyond int64"),
     "malformed width": ("/gripper/width", b'{"stamp_ns": 17621600', "width", "malformed JSON"),
-    "width without value": ("/gripper/width", b'{"stamp_ns": 1762160000000000000}', "width", "malformed JSON"),
+    "width without value": (
+        "/gripper/width",
+        b'{"stamp_ns": 1762160000000000000}',
+        "width",
+        "malformed JSON",
+    ),
     "width nested too deeply": ("/gripper/width", b"[" * 100_000 + b"]" * 100_000, "width", "malformed JSON"),
-    "width beyond int64": ("/gripper/width", b'{"stamp_ns": 1180591620717411303424, "width_m": 0.05}', "width", "beyond int64"),
+    "width beyond int64": (
+        "/gripper/width",
+        b'{"stamp_ns": 1180591620717411303424, "width_m": 0.05}',
+        "width",
+        "beyond int64",
+    ),
 }
 
 
@@ -371,29 +447,44 @@ def test_one_bad_message_is_skipped_and_counted_and_reading_goes_on(
         assert np.array_equal(getattr(streams, name), getattr(reference, name)), name
     assert streams.camera_data == reference.camera_data
     assert streams.lost == {stream: 1}
-    assert len(streams.damage) == 1 and streams.damage[0].startswith(f"{stream}: skipped 1 message(s) on {topic}: ")
+    assert len(streams.damage) == 1 and streams.damage[0].startswith(
+        f"{stream}: skipped 1 message(s) on {topic}: "
+    )
     assert kind in streams.damage[0]
 
 
 def test_every_width_message_malformed_is_a_clear_error(items: list[Item], tmp_path: Path) -> None:
-    path = write_items(tmp_path / "r_vio.mcap", [it._replace(data=b"{}") if it.topic == "/gripper/width" else it for it in items])
+    path = write_items(
+        tmp_path / "r_vio.mcap",
+        [it._replace(data=b"{}") if it.topic == "/gripper/width" else it for it in items],
+    )
     width_messages = sum(it.topic == "/gripper/width" for it in items)
     with pytest.raises(RecordingError, match=f"all {width_messages} messages on /gripper/width") as info:
         read_streams(path, Topics())
     assert info.value.reason == "bad_width_message"
 
 
-def test_zero_length_camera_frames_are_kept_as_empty_frames(recording: Path, items: list[Item], tmp_path: Path) -> None:
+def test_zero_length_camera_frames_are_kept_as_empty_frames(
+    recording: Path, items: list[Item], tmp_path: Path
+) -> None:
     template = next(it for it in items if it.topic == "/camera0/image")
     at = with_camera_at(items, 5)
     empty_frame = image_message(1_762_160_001, data=b"")  # a message without frame bytes
-    path = write_items(tmp_path / "r_vio.mcap", [*items[:at], template._replace(data=empty_frame), template._replace(data=b""), *items[at:]])
+    path = write_items(
+        tmp_path / "r_vio.mcap",
+        [*items[:at], template._replace(data=empty_frame), template._replace(data=b""), *items[at:]],
+    )
 
     streams = read_streams(path, Topics())
 
     reference = read_streams(recording, Topics())
     assert streams.camera_data == [*reference.camera_data[:5], b"", b"", *reference.camera_data[5:]]
-    assert streams.camera_ns.tolist() == [*reference.camera_ns[:5].tolist(), 1_762_160_001 * 10**9, 0, *reference.camera_ns[5:].tolist()]
+    assert streams.camera_ns.tolist() == [
+        *reference.camera_ns[:5].tolist(),
+        1_762_160_001 * 10**9,
+        0,
+        *reference.camera_ns[5:].tolist(),
+    ]
     assert streams.camera_format == "jpeg" and streams.lost == {} and streams.truncated is None
 
 
@@ -404,7 +495,14 @@ def test_zero_length_camera_frames_are_kept_as_empty_frames(recording: Path, ite
 def video_recording(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("video") / "v_vio.mcap"
     rng = np.random.default_rng(3)
-    write_vio_mcap(path, plan_motion(rng, START_NS, duration_s=2.0), StreamTiming(), rng, camera="video", image_size=(64, 48))
+    write_vio_mcap(
+        path,
+        plan_motion(rng, START_NS, duration_s=2.0),
+        StreamTiming(),
+        rng,
+        camera="video",
+        image_size=(64, 48),
+    )
     return path
 
 
@@ -412,7 +510,9 @@ def test_a_video_recording_uses_the_video_candidate(video_recording: Path) -> No
     streams = read_streams(video_recording, Topics())
 
     with open(video_recording, "rb") as f:
-        frames = sum(c.topic == "/camera0/video" for _, c, _ in make_reader(f).iter_messages(log_time_order=False))
+        frames = sum(
+            c.topic == "/camera0/video" for _, c, _ in make_reader(f).iter_messages(log_time_order=False)
+        )
     assert streams.camera_topic == "/camera0/video" and streams.camera_format == "h264"
     assert len(streams.camera_ns) == len(streams.camera_data) == frames > 0
     assert streams.warnings == [] and streams.lost == {}
@@ -430,7 +530,10 @@ def test_the_first_candidate_with_messages_is_used_and_a_second_one_is_a_warning
 
     assert image_first.camera_topic == "/camera0/image" and image_first.camera_format == "jpeg"
     assert image_first.camera_data == read_streams(recording, Topics()).camera_data
-    assert len(image_first.warnings) == 1 and "used /camera0/image, ignored /camera0/video" in image_first.warnings[0]
+    assert (
+        len(image_first.warnings) == 1
+        and "used /camera0/image, ignored /camera0/video" in image_first.warnings[0]
+    )
     assert any(image_first.warnings[0] in r.getMessage() for r in caplog.records)
     assert video_first.camera_topic == "/camera0/video" and video_first.camera_format == "h264"
     assert len(video_first.camera_data) == len(video)
@@ -442,12 +545,17 @@ def test_no_camera_candidate_with_messages_names_every_candidate(items: list[Ite
         read_streams(path, Topics())
     assert info.value.reason == "missing_topic"
     assert "no messages on /camera0/image or /camera0/video;" in str(info.value)
-    assert "topics present: /gripper/width (GripperWidth), /vio/pose (foxglove.PoseInFrame)" in str(info.value)
+    assert "topics present: /gripper/width (GripperWidth), /vio/pose (foxglove.PoseInFrame)" in str(
+        info.value
+    )
 
 
 def test_camera_candidates_from_params_a_list_or_one_topic() -> None:
     assert Topics().camera == ("/camera0/image", "/camera0/video")
-    assert from_mapping(Topics, {"camera": ["/cam/video", "/cam/image"]}, "convert.topics").camera == ("/cam/video", "/cam/image")
+    assert from_mapping(Topics, {"camera": ["/cam/video", "/cam/image"]}, "convert.topics").camera == (
+        "/cam/video",
+        "/cam/image",
+    )
     assert from_mapping(Topics, {"camera": "/cam/image"}, "convert.topics").camera == ("/cam/image",)
     assert Topics(camera="/cam/image") == Topics(camera=("/cam/image",))
     with pytest.raises(ConfigError, match="camera"):
@@ -475,7 +583,9 @@ def test_every_real_public_mcap_is_a_missing_topic(tmp_path: Path) -> None:
         assert "no messages on /camera0/image or /camera0/video" in str(info.value), sample.name
 
 
-def test_without_a_summary_a_chunk_with_a_bad_crc_stops_reading_and_says_so(items: list[Item], tmp_path: Path) -> None:
+def test_without_a_summary_a_chunk_with_a_bad_crc_stops_reading_and_says_so(
+    items: list[Item], tmp_path: Path
+) -> None:
     # Uncompressed chunks: a flipped byte inside a frame still parses, and only the CRC tells.
     path = write_items(tmp_path / "r_vio.mcap", items, compression=CompressionType.NONE, summary=False)
     cameras = [it for it in items if it.topic == "/camera0/image"]

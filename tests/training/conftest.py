@@ -16,12 +16,28 @@ from tests.dataset.conftest import make_store
 
 WINDOW = WindowConfig(n_obs_steps=2, horizon=8, n_action_steps=4)
 MODEL = PolicyConfig(
-    n_obs_steps=2, horizon=8, n_action_steps=4, image_size=(16, 12), crop_size=(14, 10), encoder_widths=(16, 32),
-    image_feature_dim=16, down_dims=(16, 32), diffusion_step_embed_dim=16, num_inference_steps=4,
+    n_obs_steps=2,
+    horizon=8,
+    n_action_steps=4,
+    image_size=(16, 12),
+    crop_size=(14, 10),
+    encoder_widths=(16, 32),
+    image_feature_dim=16,
+    down_dims=(16, 32),
+    diffusion_step_embed_dim=16,
+    num_inference_steps=4,
 )
 CONFIG = TrainConfig(
-    steps=12, batch_size=8, lr=1e-3, warmup_steps=2, num_workers=0, val_every=4, val_batches=2,
-    checkpoint_every=4, keep_top_k=2, model=MODEL,
+    steps=12,
+    batch_size=8,
+    lr=1e-3,
+    warmup_steps=2,
+    num_workers=0,
+    val_every=4,
+    val_batches=2,
+    checkpoint_every=4,
+    keep_top_k=2,
+    model=MODEL,
 )
 
 
@@ -29,7 +45,9 @@ CONFIG = TrainConfig(
 def dataset(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("data")
     make_store(root / "ds.zarr")
-    stats = compute_statistics(zarr.open_group(root / "ds.zarr", mode="r"), WINDOW, StatsConfig(val_fraction=0.34))
+    stats = compute_statistics(
+        zarr.open_group(root / "ds.zarr", mode="r"), WINDOW, StatsConfig(val_fraction=0.34)
+    )
     stats["dataset_fingerprint"] = {"sha256": "f" * 64}
     write_json_atomic(root / "stats.json", stats)
     return root / "ds.zarr", root / "stats.json"

@@ -25,7 +25,11 @@ def test_samples_cover_only_the_chosen_episodes_with_edge_padding(tmp_path: Path
     assert first["obs_images"].shape == (2, 12, 16, 3) and first["obs_images"].dtype == torch.uint8
     assert torch.equal(first["obs_images"][0], first["obs_images"][1])
     assert torch.allclose(first["obs_pose"][0], first["obs_pose"][1])
-    assert first["action"].shape == (6, 10) and first["obs_pose"].shape == (2, 9) and first["obs_width"].shape == (2, 1)
+    assert (
+        first["action"].shape == (6, 10)
+        and first["obs_pose"].shape == (2, 9)
+        and first["obs_width"].shape == (2, 1)
+    )
 
     last_of_ep0 = ds[5]  # steps 0..3 reach frames 6..9; 4 and 5 are padded with frame 9, never episode 1
     assert torch.allclose(last_of_ep0["action"][3:], last_of_ep0["action"][3].expand(3, 10))
@@ -33,7 +37,9 @@ def test_samples_cover_only_the_chosen_episodes_with_edge_padding(tmp_path: Path
     width = root[layout.GRIPPER_WIDTH][:, 0]
     # The width as the change from the anchor's (frame 5).
     assert torch.allclose(last_of_ep0["action"][3:, 9], torch.tensor(width[9] - width[5]).float(), atol=1e-4)
-    assert np.array_equal(ds[6]["obs_images"][1].numpy(), root[layout.RGB][22])  # episode 2 starts at frame 22
+    assert np.array_equal(
+        ds[6]["obs_images"][1].numpy(), root[layout.RGB][22]
+    )  # episode 2 starts at frame 22
 
 
 def test_loads_in_worker_processes(tmp_path: Path) -> None:

@@ -22,12 +22,26 @@ from policypipe.training.checkpoint import CheckpointError, load_checkpoint
 from policypipe.training.loop import TrainConfig, ema_decay, train
 from tests.training.conftest import CONFIG
 
-def run_training(dataset, run_dir: Path, config: TrainConfig = CONFIG, stats_sha: str = "s" * 64, stop_after=None, **changes):
+
+def run_training(
+    dataset,
+    run_dir: Path,
+    config: TrainConfig = CONFIG,
+    stats_sha: str = "s" * 64,
+    stop_after=None,
+    **changes,
+):
     store, stats_path = dataset
     stats = json.loads(stats_path.read_text())
     stats.update(changes.pop("stats_changes", {}))
-    return train(store=store, stats=stats, stats_sha256=stats_sha, config=replace(config, **changes), run_dir=run_dir,
-                 stop_after=stop_after)
+    return train(
+        store=store,
+        stats=stats,
+        stats_sha256=stats_sha,
+        config=replace(config, **changes),
+        run_dir=run_dir,
+        stop_after=stop_after,
+    )
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -64,7 +78,9 @@ def test_sigkill_then_resume_ends_with_bitwise_identical_weights(dataset, tmp_pa
 
     killed = tmp_path / "killed"
     repo = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(dataset[0]), str(dataset[1]), str(repo), str(killed)])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_SCRIPT, str(dataset[0]), str(dataset[1]), str(repo), str(killed)]
+    )
     latest = killed / "checkpoints" / "latest" / "trainer.json"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -90,11 +106,16 @@ def test_sigkill_then_resume_ends_with_bitwise_identical_weights(dataset, tmp_pa
     ("change", "named"),
     [
         ({"lr": 5e-4}, "train.lr: 0.001 -> 0.0005"),
-        ({"stats_changes": {"dataset_fingerprint": {"sha256": "0" * 64}}}, "the dataset (fingerprint) changed"),
+        (
+            {"stats_changes": {"dataset_fingerprint": {"sha256": "0" * 64}}},
+            "the dataset (fingerprint) changed",
+        ),
         ({"stats_sha": "t" * 64}, "the normalization statistics changed"),
     ],
 )
-def test_resume_is_refused_when_the_run_would_differ(dataset, tmp_path: Path, change: dict, named: str) -> None:
+def test_resume_is_refused_when_the_run_would_differ(
+    dataset, tmp_path: Path, change: dict, named: str
+) -> None:
     run_dir = tmp_path / "run"
     run_training(dataset, run_dir)
     state_file = run_dir / "checkpoints" / "latest" / "trainer.json"
@@ -116,7 +137,9 @@ def _mark_unfinished(run_dir: Path) -> None:
     latest = run_dir / "checkpoints" / "latest"
     state = load_checkpoint(latest)
     state.trainer["complete"] = False
-    save_checkpoint(latest, TrainingState(state.model, state.ema, state.optimizer, state.trainer, state.rng_tensors))
+    save_checkpoint(
+        latest, TrainingState(state.model, state.ema, state.optimizer, state.trainer, state.rng_tensors)
+    )
 
 
 def test_a_finished_run_with_another_config_starts_fresh(dataset, tmp_path: Path) -> None:
@@ -126,7 +149,9 @@ def test_a_finished_run_with_another_config_starts_fresh(dataset, tmp_path: Path
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "latest").trainer["config"]["lr"] == 5e-4
 
 
-def test_a_checkpoint_that_cannot_be_written_does_not_stop_training(dataset, tmp_path: Path, monkeypatch) -> None:
+def test_a_checkpoint_that_cannot_be_written_does_not_stop_training(
+    dataset, tmp_path: Path, monkeypatch
+) -> None:
     import policypipe.training.loop as loop
 
     real_save = loop.save_checkpoint
@@ -144,12 +169,18 @@ def test_a_checkpoint_that_cannot_be_written_does_not_stop_training(dataset, tmp
     assert result.steps == CONFIG.steps  # training went on
     assert result.checkpoint_warnings and "No space left on device" in result.checkpoint_warnings[0]
     assert "written to the fallback" in result.checkpoint_warnings[0]
-    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "latest").trainer["step"] == 4  # the previous good one
+    assert (
+        load_checkpoint(tmp_path / "run" / "checkpoints" / "latest").trainer["step"] == 4
+    )  # the previous good one
     assert load_checkpoint(tmp_path / "fallback" / "latest").trainer["step"] == 12
 
 
-@pytest.mark.parametrize("run_folder_until", [4, 0], ids=["older-latest-in-run-folder", "nothing-in-run-folder"])
-def test_resume_takes_the_newest_checkpoint_also_from_the_fallback_dir(dataset, tmp_path: Path, monkeypatch, run_folder_until: int) -> None:
+@pytest.mark.parametrize(
+    "run_folder_until", [4, 0], ids=["older-latest-in-run-folder", "nothing-in-run-folder"]
+)
+def test_resume_takes_the_newest_checkpoint_also_from_the_fallback_dir(
+    dataset, tmp_path: Path, monkeypatch, run_folder_until: int
+) -> None:
     import policypipe.training.loop as loop
 
     run_training(dataset, tmp_path / "straight")
@@ -198,7 +229,11 @@ def test_with_latest_missing_the_top_k_checkpoints_are_kept(dataset, tmp_path: P
         run_training(dataset, run_dir)
 
     message = str(info.value)
-    assert "no `latest`" in message and "nothing was deleted" in message and all(name in message for name in top_k)
+    assert (
+        "no `latest`" in message
+        and "nothing was deleted" in message
+        and all(name in message for name in top_k)
+    )
     assert str(run_dir) in message  # what to move aside or delete to start fresh
     assert {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
@@ -220,12 +255,16 @@ def test_verify_command_checks_a_checkpoint_against_its_manifest(dataset, tmp_pa
     latest = tmp_path / "run" / "checkpoints" / "latest"
     ok = subprocess.run([str(cli), "verify", str(latest)], capture_output=True, text=True)
     assert ok.returncode == 0 and ok.stdout.startswith("OK")
-    (latest / "trainer.json").write_text((latest / "trainer.json").read_text().replace('"step": 12', '"step": 13'))
+    (latest / "trainer.json").write_text(
+        (latest / "trainer.json").read_text().replace('"step": 12', '"step": 13')
+    )
     bad = subprocess.run([str(cli), "verify", str(latest)], capture_output=True, text=True)
     assert bad.returncode == 1 and "trainer.json: SHA-256 differs" in bad.stdout
 
 
-def test_out_of_memory_in_the_first_steps_halves_the_device_batch_and_keeps_the_step_batch(dataset, tmp_path: Path, monkeypatch) -> None:
+def test_out_of_memory_in_the_first_steps_halves_the_device_batch_and_keeps_the_step_batch(
+    dataset, tmp_path: Path, monkeypatch
+) -> None:
     from policypipe.policy.diffusion import DiffusionPolicy
 
     real_forward = DiffusionPolicy.forward
@@ -299,15 +338,30 @@ if os.environ["RANK"] == "1":
 """
 
 
-def run_two_processes(dataset, runs: list[tuple[Path, int | None]], script: str = TWO_PROCESS_SCRIPT,
-                      timeout: float = 240) -> subprocess.CompletedProcess:
+def run_two_processes(
+    dataset, runs: list[tuple[Path, int | None]], script: str = TWO_PROCESS_SCRIPT, timeout: float = 240
+) -> subprocess.CompletedProcess:
     """Runs `train` on 2 CPU processes (gloo), once per (run folder, stop_after), in one launch."""
     repo = Path(__file__).resolve().parents[2]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "--no-python", sys.executable, "-c", script,
-               str(dataset[0]), str(dataset[1]), str(repo), json.dumps([[str(d), s] for d, s in runs])]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "--no-python",
+        sys.executable,
+        "-c",
+        script,
+        str(dataset[0]),
+        str(dataset[1]),
+        str(repo),
+        json.dumps([[str(d), s] for d, s in runs]),
+    ]
     # A session of its own: on a timeout the workers are killed with the launcher, not left hanging.
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -317,12 +371,16 @@ def run_two_processes(dataset, runs: list[tuple[Path, int | None]], script: str 
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
-def test_two_processes_train_together_and_interrupted_and_resumed_end_with_the_uninterrupted_weights(dataset, tmp_path: Path) -> None:
+def test_two_processes_train_together_and_interrupted_and_resumed_end_with_the_uninterrupted_weights(
+    dataset, tmp_path: Path
+) -> None:
     # The first launch ends with the second run stopped at step 3; the second launch (fresh processes)
     # resumes it. Each rank must continue with its own noise and crops, not rank 0's.
     first = run_two_processes(dataset, [(tmp_path / "straight", None), (tmp_path / "resumed", 3)])
     assert first.returncode == 0, first.stdout + first.stderr[-3000:]
-    straight = sorted(line.split() for line in first.stdout.splitlines() if line.startswith("rank") and "steps 6" in line)
+    straight = sorted(
+        line.split() for line in first.stdout.splitlines() if line.startswith("rank") and "steps 6" in line
+    )
     assert [words[1] for words in straight] == ["0", "1"]
     assert straight[0][7] == straight[1][7]  # the same (gathered) loss on both ranks
     second = run_two_processes(dataset, [(tmp_path / "resumed", None)])
@@ -336,13 +394,17 @@ def test_two_processes_train_together_and_interrupted_and_resumed_end_with_the_u
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
 
 
-@pytest.mark.parametrize(("step", "expected"), [
-    (0, 0.0), (1, 0.0),  # the first two updates copy the weights, as in the reference
-    (2, 1 - 2 ** -0.75),
-    (100, 1 - 100 ** -0.75),  # 0.968
-    (1500, 1 - 1500 ** -0.75),  # 0.9958 at the end of the demo: no warm-up cap of 0.994 in its place
-    (10**6, 0.9999),  # clamped to ema_max_decay
-])
+@pytest.mark.parametrize(
+    ("step", "expected"),
+    [
+        (0, 0.0),
+        (1, 0.0),  # the first two updates copy the weights, as in the reference
+        (2, 1 - 2**-0.75),
+        (100, 1 - 100**-0.75),  # 0.968
+        (1500, 1 - 1500**-0.75),  # 0.9958 at the end of the demo: no warm-up cap of 0.994 in its place
+        (10**6, 0.9999),  # clamped to ema_max_decay
+    ],
+)
 def test_ema_decay_follows_the_reference_power_schedule(step: int, expected: float) -> None:
     assert ema_decay(step, TrainConfig()) == pytest.approx(expected, rel=1e-12, abs=0)
 
@@ -355,7 +417,9 @@ def test_ema_decay_is_clamped_to_the_configured_bounds() -> None:
     assert ema_decay(100, config) == 0.9
 
 
-def test_weights_do_not_depend_on_the_process_thread_count_or_the_data_workers(dataset, tmp_path: Path) -> None:
+def test_weights_do_not_depend_on_the_process_thread_count_or_the_data_workers(
+    dataset, tmp_path: Path
+) -> None:
     # A rerun of the demo differed because intra-op threads follow the machine unless pinned: a sum
     # split over 2 threads adds in another order than over 1. DataLoader workers only read samples.
     previous = torch.get_num_threads()
@@ -371,11 +435,15 @@ def test_weights_do_not_depend_on_the_process_thread_count_or_the_data_workers(d
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_out_of_memory_on_one_of_two_processes_backs_off_on_both_instead_of_hanging(dataset, tmp_path: Path) -> None:
+def test_out_of_memory_on_one_of_two_processes_backs_off_on_both_instead_of_hanging(
+    dataset, tmp_path: Path
+) -> None:
     # 8 samples per step over 2 processes: 4 per process, more than rank 1 holds. Without agreeing,
     # rank 0 would wait forever in the gradient all-reduce for a rank that is retrying.
-    script = TWO_PROCESS_SCRIPT.replace("import policypipe.training.loop as loop", RANK_1_SHORT_OF_MEMORY
-                                        + "import policypipe.training.loop as loop")
+    script = TWO_PROCESS_SCRIPT.replace(
+        "import policypipe.training.loop as loop",
+        RANK_1_SHORT_OF_MEMORY + "import policypipe.training.loop as loop",
+    )
     try:
         done = run_two_processes(dataset, [(tmp_path / "run", None)], script=script, timeout=90)
     except subprocess.TimeoutExpired as exc:
@@ -383,28 +451,44 @@ def test_out_of_memory_on_one_of_two_processes_backs_off_on_both_instead_of_hang
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     finished = sorted(line for line in done.stdout.splitlines() if line.startswith("rank"))
     assert len(finished) == 2 and all("steps 6" in line for line in finished)
-    assert all("out of memory at 4 samples per device: retrying with 2 and grad_accum 2" in line for line in finished)
+    assert all(
+        "out of memory at 4 samples per device: retrying with 2 and grad_accum 2" in line for line in finished
+    )
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "latest").trainer["grad_accum"] == 2
 
 
-def test_a_stop_request_checkpoints_off_schedule_and_the_resumed_run_matches_the_uninterrupted_one(dataset, tmp_path: Path) -> None:
+def test_a_stop_request_checkpoints_off_schedule_and_the_resumed_run_matches_the_uninterrupted_one(
+    dataset, tmp_path: Path
+) -> None:
     """Slurm's warning signal sets the request; here it is set once step 5 is logged, so it is
     honoured at the end of step 6, off the schedule of checkpoints and validations (every 4)."""
     straight = run_training(dataset, tmp_path / "straight")
     store, stats_path = dataset
     steps_seen: list[int] = []
-    interrupted = train(store=store, stats=json.loads(stats_path.read_text()), stats_sha256="s" * 64, config=CONFIG,
-                        run_dir=tmp_path / "run", log_step=lambda r: steps_seen.append(r["step"]),
-                        stop_requested=lambda: bool(steps_seen) and steps_seen[-1] >= 5)
+    interrupted = train(
+        store=store,
+        stats=json.loads(stats_path.read_text()),
+        stats_sha256="s" * 64,
+        config=CONFIG,
+        run_dir=tmp_path / "run",
+        log_step=lambda r: steps_seen.append(r["step"]),
+        stop_requested=lambda: bool(steps_seen) and steps_seen[-1] >= 5,
+    )
     assert interrupted.interrupted and interrupted.steps == 6
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "latest").trainer["step"] == 6
     resumed = run_training(dataset, tmp_path / "run")
     assert resumed.resumed_from == 6 and not resumed.interrupted
-    assert all(torch.equal(a, b) for a, b in zip(weights(tmp_path / "straight").values(), weights(tmp_path / "run").values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(weights(tmp_path / "straight").values(), weights(tmp_path / "run").values())
+    )
     # No validation and no top-k slot at the interruption: the history is the uninterrupted run's.
-    assert (tmp_path / "run" / "history.json").read_text() == (tmp_path / "straight" / "history.json").read_text()
-    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == \
-        sorted(p.name for p in (tmp_path / "straight" / "checkpoints").iterdir())
+    assert (tmp_path / "run" / "history.json").read_text() == (
+        tmp_path / "straight" / "history.json"
+    ).read_text()
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == sorted(
+        p.name for p in (tmp_path / "straight" / "checkpoints").iterdir()
+    )
     assert straight.steps == resumed.steps
 
 
@@ -417,11 +501,15 @@ STOP_ON_RANK_1_ONLY = TWO_PROCESS_SCRIPT.replace(
     "    boundaries.append(1)\n"
     "    return os.environ['RANK'] == '1' and len(boundaries) >= 2\n"
     "stats = json.loads(Path(sys.argv[2]).read_text())",
-).replace("run_dir=Path(run_dir), stop_after=stop_after)",
-          "run_dir=Path(run_dir), stop_after=stop_after, stop_requested=stop_requested)")
+).replace(
+    "run_dir=Path(run_dir), stop_after=stop_after)",
+    "run_dir=Path(run_dir), stop_after=stop_after, stop_requested=stop_requested)",
+)
 
 
-def test_a_stop_request_on_one_rank_stops_both_at_the_same_step_and_resumes_exactly(dataset, tmp_path: Path) -> None:
+def test_a_stop_request_on_one_rank_stops_both_at_the_same_step_and_resumes_exactly(
+    dataset, tmp_path: Path
+) -> None:
     assert "stop_requested=stop_requested" in STOP_ON_RANK_1_ONLY
     stopped = run_two_processes(dataset, [(tmp_path / "resumed", None)], script=STOP_ON_RANK_1_ONLY)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr[-3000:]
@@ -429,4 +517,7 @@ def test_a_stop_request_on_one_rank_stops_both_at_the_same_step_and_resumes_exac
     second = run_two_processes(dataset, [(tmp_path / "straight", None), (tmp_path / "resumed", None)])
     assert second.returncode == 0, second.stdout + second.stderr[-3000:]
     assert second.stdout.count("resumed_from 2 steps 6") == 2
-    assert all(torch.equal(a, b) for a, b in zip(weights(tmp_path / "straight").values(), weights(tmp_path / "resumed").values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(weights(tmp_path / "straight").values(), weights(tmp_path / "resumed").values())
+    )

@@ -6,7 +6,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from policypipe.atomic import write_folder_atomic
-from policypipe.training.smoke import GPU_SCALAR_RTOL, GPU_WEIGHT_RTOL, compare_records, compare_weights, run_smoke
+from policypipe.training.smoke import (
+    GPU_SCALAR_RTOL,
+    GPU_WEIGHT_RTOL,
+    compare_records,
+    compare_weights,
+    run_smoke,
+)
 from tests.training.conftest import CONFIG
 
 
@@ -38,7 +44,10 @@ def test_smoke_fails_when_the_restored_state_is_incomplete(dataset) -> None:
 
 
 def records(loss: float) -> list[dict]:
-    return [{"step": 1, "lr": 1e-3, "train_loss": 0.5}, {"step": 2, "lr": 1e-3, "train_loss": loss, "val_loss": 0.25}]
+    return [
+        {"step": 1, "lr": 1e-3, "train_loss": 0.5},
+        {"step": 2, "lr": 1e-3, "train_loss": loss, "val_loss": 0.25},
+    ]
 
 
 def test_smoke_compares_bitwise_on_cpu_and_within_the_stated_tolerance_on_a_gpu() -> None:

@@ -17,10 +17,24 @@ from policypipe.config import ConfigError
 # The tiny model of conftest.MODEL, as params.yaml sections.
 POLICY = {"n_obs_steps": 2, "horizon": 8, "n_action_steps": 4}
 TRAIN = {
-    "steps": 12, "batch_size": 8, "lr": 1e-3, "warmup_steps": 2, "num_workers": 0, "val_every": 4, "val_batches": 2,
-    "checkpoint_every": 4, "keep_top_k": 2,
-    "model": {"image_size": [16, 12], "crop_size": [14, 10], "encoder_widths": [16, 32], "image_feature_dim": 16,
-              "down_dims": [16, 32], "diffusion_step_embed_dim": 16, "num_inference_steps": 4},
+    "steps": 12,
+    "batch_size": 8,
+    "lr": 1e-3,
+    "warmup_steps": 2,
+    "num_workers": 0,
+    "val_every": 4,
+    "val_batches": 2,
+    "checkpoint_every": 4,
+    "keep_top_k": 2,
+    "model": {
+        "image_size": [16, 12],
+        "crop_size": [14, 10],
+        "encoder_widths": [16, 32],
+        "image_feature_dim": 16,
+        "down_dims": [16, 32],
+        "diffusion_step_embed_dim": 16,
+        "num_inference_steps": 4,
+    },
 }
 
 
@@ -55,9 +69,17 @@ def test_the_demo_sections_build() -> None:
         ({"ema_inv_gamma": math.nan}, {}, ["ema_inv_gamma", "> 0"]),
         ({"ema_max_decay": 1.0}, {}, ["ema_max_decay < 1", "got 0.0 and 1.0"]),
         ({"ema_min_decay": 0.5, "ema_max_decay": 0.4}, {}, ["ema_min_decay <= ema_max_decay"]),
-        ({"model": {"crop_size": [20, 10]}}, {}, ["train.model", "crop_size [20, 10]", "at most", "image_size [16, 12]"]),
+        (
+            {"model": {"crop_size": [20, 10]}},
+            {},
+            ["train.model", "crop_size [20, 10]", "at most", "image_size [16, 12]"],
+        ),
         # The U-Net halves the horizon len(down_dims) - 1 times: with 3 levels, a multiple of 4.
-        ({"model": {"down_dims": [16, 32, 64]}}, {"horizon": 10}, ["policy.horizon 10", "multiple of 4", "train.model.down_dims"]),
+        (
+            {"model": {"down_dims": [16, 32, 64]}},
+            {"horizon": 10},
+            ["policy.horizon 10", "multiple of 4", "train.model.down_dims"],
+        ),
         ({"model": {"down_dims": []}}, {}, ["down_dims must list at least one"]),
         ({}, {"horizon": 9}, ["policy.horizon 9", "multiple of 2"]),
         # The window is the shared `policy` section's: set here, it would be silently overridden.
@@ -85,14 +107,37 @@ def test_the_stage_fails_on_a_bad_value_before_touching_the_run_folder(dataset, 
 
     stage = Path(__file__).resolve().parents[2] / "stages" / "train.py"
     done = subprocess.run(
-        [sys.executable, str(stage), "--dataset", str(store), "--stats", str(stats), "--run-dir", str(run_dir),
-         "--policy", "policy", "--metrics", "train.json", "--live", "live", "--provenance", "provenance.json"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(stage),
+            "--dataset",
+            str(store),
+            "--stats",
+            str(stats),
+            "--run-dir",
+            str(run_dir),
+            "--policy",
+            "policy",
+            "--metrics",
+            "train.json",
+            "--live",
+            "live",
+            "--provenance",
+            "provenance.json",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
     assert done.returncode == 2, done.stdout + done.stderr[-3000:]
-    assert "error: params.yaml [train]: val_every must be >= 1" in done.stderr and "Traceback" not in done.stderr
-    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before  # nothing written
+    assert (
+        "error: params.yaml [train]: val_every must be >= 1" in done.stderr and "Traceback" not in done.stderr
+    )
+    assert (
+        sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before
+    )  # nothing written
     assert kept.read_bytes() == b"weights of an earlier run"
     json.loads(stats.read_text())  # the inputs are untouched too
 
@@ -103,22 +148,48 @@ def test_the_stage_refuses_statistics_made_for_another_policy_section(dataset, t
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"train": train, "policy": policy}))
     stage = Path(__file__).resolve().parents[2] / "stages" / "train.py"
     done = subprocess.run(
-        [sys.executable, str(stage), "--dataset", str(store), "--stats", str(stats), "--run-dir", "train",
-         "--policy", "policy", "--metrics", "train.json", "--live", "live", "--provenance", "provenance.json"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(stage),
+            "--dataset",
+            str(store),
+            "--stats",
+            str(stats),
+            "--run-dir",
+            "train",
+            "--policy",
+            "policy",
+            "--metrics",
+            "train.json",
+            "--live",
+            "live",
+            "--provenance",
+            "provenance.json",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 2, done.stdout + done.stderr[-3000:]
     assert "'horizon': 8" in done.stderr and "'horizon': 16" in done.stderr and "dvc repro" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "train").exists()
 
 
-def test_training_refuses_statistics_made_for_another_policy_section_whoever_calls_it(dataset, tmp_path: Path) -> None:
+def test_training_refuses_statistics_made_for_another_policy_section_whoever_calls_it(
+    dataset, tmp_path: Path
+) -> None:
     """The library checks too: `policypipe smoke` and scripts call `train()` without the stage."""
     from policypipe.training.loop import train, train_config_from_params
 
     store, stats_path = dataset
     config = train_config_from_params(*sections({}, {"horizon": 16}))  # the statistics are for horizon 8
     with pytest.raises(ConfigError, match=r"'horizon': 8.*'horizon': 16"):
-        train(store=store, stats=json.loads(stats_path.read_text()), stats_sha256="0" * 64, config=config,
-              run_dir=tmp_path / "run")
+        train(
+            store=store,
+            stats=json.loads(stats_path.read_text()),
+            stats_sha256="0" * 64,
+            config=config,
+            run_dir=tmp_path / "run",
+        )
     assert not (tmp_path / "run").exists()

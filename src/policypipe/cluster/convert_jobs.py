@@ -26,13 +26,17 @@ log = logging.getLogger(__name__)
 JOBS_FOLDER = "slurm-jobs"  # beside the cache's converter folders: submitit's pickles and the tasks' logs
 
 
-def convert_batch(inputs: list[RecordingInput], config: ConvertConfig, cache_dir: Path) -> list[dict[str, Any]]:
+def convert_batch(
+    inputs: list[RecordingInput], config: ConvertConfig, cache_dir: Path
+) -> list[dict[str, Any]]:
     """One array task: its recordings into the cache, by as many processes as it has CPUs."""
     # The task's own process: its log (submitit's .err file) says what it converts.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for rec in inputs:
         log.info("converting %s", rec.stem)  # the task's log names what it works on
-    return convert_recordings(inputs, dataclasses.replace(config, workers=config.slurm.cpus_per_task), cache_dir)
+    return convert_recordings(
+        inputs, dataclasses.replace(config, workers=config.slurm.cpus_per_task), cache_dir
+    )
 
 
 @dataclasses.dataclass
@@ -43,14 +47,21 @@ class SlurmConversion:
     poll_s: float = 1.0
     attempts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
-    def __call__(self, inputs: list[RecordingInput], config: ConvertConfig, cache_dir: Path,
-                 progress: Callable[[dict], None] | None) -> list[dict[str, Any]]:
+    def __call__(
+        self,
+        inputs: list[RecordingInput],
+        config: ConvertConfig,
+        cache_dir: Path,
+        progress: Callable[[dict], None] | None,
+    ) -> list[dict[str, Any]]:
         resources = slurm.local_resources(config.slurm)
         config = dataclasses.replace(config, slurm=resources)
         slurm.check_reachable()
         shutil.rmtree(self.jobs_folder, ignore_errors=True)  # the last run's task files only
         size = resources.recordings_per_task
-        pending = [list(range(start, min(start + size, len(inputs)))) for start in range(0, len(inputs), size)]
+        pending = [
+            list(range(start, min(start + size, len(inputs)))) for start in range(0, len(inputs), size)
+        ]
         records: dict[int, dict[str, Any]] = {}
         failures: dict[int, str] = {}
         for attempt in range(resources.retries + 1):
@@ -60,31 +71,53 @@ class SlurmConversion:
                 break
             # Again, each recording alone: one that kills its task then takes no other with it.
             pending = [[i] for batch, _ in failed for i in batch]
-            log.warning("%d Slurm task(s) failed (%s); running their %d recording(s) again, one per task",
-                        len(failed), failed[0][1], len(pending))
+            log.warning(
+                "%d Slurm task(s) failed (%s); running their %d recording(s) again, one per task",
+                len(failed),
+                failed[0][1],
+                len(pending),
+            )
         for i, why in failures.items():
             rec = inputs[i]
             log.error("%s: its Slurm task failed %d time(s): %s", rec.stem, resources.retries + 1, why)
             records[i] = record_of(rec, cache_key(rec, config)) | {
                 "excluded": "slurm_task_failed",
-                "detail": f"the Slurm task converting it failed {resources.retries + 1} time(s); the last: {why}. "
-                          "Not cached: rerun the stage to try again, or look at the recording",
+                "detail": f"the Slurm task converting it failed {resources.retries + 1} time(s); "
+                f"the last: {why}. "
+                "Not cached: rerun the stage to try again, or look at the recording",
             }
             if progress is not None:
                 progress(records[i])
         return [records[i] for i in range(len(inputs))]
 
-    def _run_array(self, attempt: int, batches: list[list[int]], inputs: list[RecordingInput], config: ConvertConfig,
-                   cache_dir: Path, records: dict[int, dict[str, Any]],
-                   progress: Callable[[dict], None] | None) -> list[tuple[list[int], str]]:
+    def _run_array(
+        self,
+        attempt: int,
+        batches: list[list[int]],
+        inputs: list[RecordingInput],
+        config: ConvertConfig,
+        cache_dir: Path,
+        records: dict[int, dict[str, Any]],
+        progress: Callable[[dict], None] | None,
+    ) -> list[tuple[list[int], str]]:
         resources = config.slurm
         executor = slurm.make_executor(
-            self.jobs_folder / f"attempt-{attempt}", job_name="policypipe-convert", partition=resources.partition,
-            account=resources.account, qos=resources.qos, cpus_per_task=resources.cpus_per_task,
-            mem_gb=resources.mem_gb, time_min=resources.time_min, array_parallelism=resources.max_concurrent,
+            self.jobs_folder / f"attempt-{attempt}",
+            job_name="policypipe-convert",
+            partition=resources.partition,
+            account=resources.account,
+            qos=resources.qos,
+            cpus_per_task=resources.cpus_per_task,
+            mem_gb=resources.mem_gb,
+            time_min=resources.time_min,
+            array_parallelism=resources.max_concurrent,
         )
-        jobs = executor.map_array(convert_batch, [[inputs[i] for i in b] for b in batches], [config] * len(batches),
-                                  [cache_dir] * len(batches))
+        jobs = executor.map_array(
+            convert_batch,
+            [[inputs[i] for i in b] for b in batches],
+            [config] * len(batches),
+            [cache_dir] * len(batches),
+        )
         log.info("submitted %d array task(s) as Slurm job %s", len(jobs), jobs[0].job_id.split("_")[0])
         batch_of = {job.job_id: batch for job, batch in zip(jobs, batches)}
         failed: list[tuple[list[int], str]] = []
@@ -92,8 +125,15 @@ class SlurmConversion:
         def collect(job) -> None:
             result = slurm.outcome(job)
             batch = batch_of[job.job_id]
-            self.attempts.append({"attempt": attempt, "job": job.job_id, "recordings": [inputs[i].stem for i in batch],
-                                  "ok": result.ok, **({} if result.ok else {"why": result.value})})
+            self.attempts.append(
+                {
+                    "attempt": attempt,
+                    "job": job.job_id,
+                    "recordings": [inputs[i].stem for i in batch],
+                    "ok": result.ok,
+                    **({} if result.ok else {"why": result.value}),
+                }
+            )
             if not result.ok:
                 failed.append((batch, result.value))
                 return

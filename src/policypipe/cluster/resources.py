@@ -84,8 +84,10 @@ def with_local_values(config: Any, path: Path = LOCAL_FILE) -> Any:
         raise ValueError(f"{path}: expected a mapping of {', '.join(LOCAL_KEYS)}")
     unknown = sorted(set(values) - set(LOCAL_KEYS))
     if unknown:
-        raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)}; it may set {', '.join(LOCAL_KEYS)} "
-                         "(the rest belongs in params.yaml, where DVC tracks it)")
+        raise ValueError(
+            f"{path}: unknown key(s) {', '.join(unknown)}; it may set {', '.join(LOCAL_KEYS)} "
+            "(the rest belongs in params.yaml, where DVC tracks it)"
+        )
     for key, value in values.items():
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{path}: {key} must be a string, got {value!r}")

@@ -56,15 +56,21 @@ def check_reachable(timeout_s: float = 20) -> str:
     """The cluster's name for the messages, or SlurmError saying what is missing."""
     missing = [tool for tool in CLIENT_TOOLS if shutil.which(tool) is None]
     if missing:
-        raise SlurmError(f"{', '.join(missing)} not found on PATH: this machine is not a Slurm submit node. "
-                         "Run the stage on one, or set the executor/launcher back to local in params.yaml")
+        raise SlurmError(
+            f"{', '.join(missing)} not found on PATH: this machine is not a Slurm submit node. "
+            "Run the stage on one, or set the executor/launcher back to local in params.yaml"
+        )
     try:
         done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"`scontrol ping` did not answer within {timeout_s:.0f} s: is slurmctld up?") from None
+        raise SlurmError(
+            f"`scontrol ping` did not answer within {timeout_s:.0f} s: is slurmctld up?"
+        ) from None
     if done.returncode != 0 or "UP" not in done.stdout:
-        raise SlurmError(f"Slurm's controller does not answer (`scontrol ping`: {(done.stdout + done.stderr).strip()}); "
-                         "check SLURM_CONF and that slurmctld runs")
+        raise SlurmError(
+            f"Slurm's controller does not answer (`scontrol ping`: {(done.stdout + done.stderr).strip()}); "
+            "check SLURM_CONF and that slurmctld runs"
+        )
     return done.stdout.strip()
 
 
@@ -96,9 +102,17 @@ def make_executor(
         extra["account"] = account
     setup = [f"export {key}={shlex.quote(value)}" for key, value in (environment or {}).items()]
     executor.update_parameters(
-        job_name=job_name, time=time_min, nodes=nodes, ntasks_per_node=tasks_per_node, cpus_per_task=cpus_per_task,
-        mem=f"{max(1, round(mem_gb * 1024))}M", stderr_to_stdout=False, additional_parameters=extra, setup=setup,
-        **({"partition": partition} if partition else {}), **({"qos": qos} if qos else {}),
+        job_name=job_name,
+        time=time_min,
+        nodes=nodes,
+        ntasks_per_node=tasks_per_node,
+        cpus_per_task=cpus_per_task,
+        mem=f"{max(1, round(mem_gb * 1024))}M",
+        stderr_to_stdout=False,
+        additional_parameters=extra,
+        setup=setup,
+        **({"partition": partition} if partition else {}),
+        **({"qos": qos} if qos else {}),
         **({"gpus_per_node": gpus_per_node} if gpus_per_node else {}),
         **({"array_parallelism": array_parallelism} if array_parallelism else {}),
     )
@@ -116,8 +130,12 @@ def queued_jobs() -> dict[str, QueuedJob]:
     array task). Asking by user, not by id: squeue refuses ids it has already forgotten."""
     user = pwd.getpwuid(os.getuid()).pw_name
     for attempt in range(5):
-        done = subprocess.run(["squeue", "-h", "-r", "-u", user, "-o", "%F|%K|%T|%r"], capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(
+            ["squeue", "-h", "-r", "-u", user, "-o", "%F|%K|%T|%r"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if done.returncode == 0:
             break
         # A busy controller answers later; a job must not be taken for finished meanwhile.
@@ -189,8 +207,11 @@ def wait(
                     if on_finished is not None:
                         on_finished(job)
                 elif entry.state == "PENDING" and entry.reason == "BeginTime" and job_id not in released:
-                    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True,
-                                   timeout=60)
+                    subprocess.run(
+                        ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                        capture_output=True,
+                        timeout=60,
+                    )
                     released.add(job_id)
                     log.info("job %s was requeued: lifted Slurm's requeue hold", job_id)
                 elif entry.state == "RUNNING":
@@ -216,13 +237,18 @@ def outcome(job: submitit.Job) -> Outcome:
     """What a finished job left: its result, the exception it raised, or nothing (killed)."""
     path = job.paths.result_pickle
     if not path.exists():
-        return Outcome(False, f"Slurm job {job.job_id} ended without a result (killed, out of memory, time limit or "
-                              f"node failure); its log: {job.paths.stderr}")
+        return Outcome(
+            False,
+            f"Slurm job {job.job_id} ended without a result (killed, out of memory, time limit or "
+            f"node failure); its log: {job.paths.stderr}",
+        )
     kind, value = pickle_load(path)
     if kind == "success":
         return Outcome(True, value)
     lines = [line for line in str(value).strip().splitlines() if line.strip()]
-    return Outcome(False, f"Slurm job {job.job_id} failed: {lines[-1] if lines else value}; its log: {job.paths.stderr}")
+    return Outcome(
+        False, f"Slurm job {job.job_id} failed: {lines[-1] if lines else value}; its log: {job.paths.stderr}"
+    )
 
 
 # ---------------------------------------------------------------- a stage inside its allocation
@@ -242,8 +268,11 @@ def run_stage_in_allocation(command: list[str], cwd: str, max_requeues: int) -> 
     child_env = os.environ | {IN_ALLOCATION_ENV: "1"}
     if env.num_tasks > 1:
         child_env |= {
-            "RANK": str(env.global_rank), "WORLD_SIZE": str(env.num_tasks), "LOCAL_RANK": str(env.local_rank),
-            "LOCAL_WORLD_SIZE": str(env.num_tasks // env.num_nodes), "MASTER_ADDR": env.hostnames[0],
+            "RANK": str(env.global_rank),
+            "WORLD_SIZE": str(env.num_tasks),
+            "LOCAL_RANK": str(env.local_rank),
+            "LOCAL_WORLD_SIZE": str(env.num_tasks // env.num_nodes),
+            "MASTER_ADDR": env.hostnames[0],
             "MASTER_PORT": str(rendezvous_port(env.raw_job_id)),
         }
     child = subprocess.Popen(command, cwd=cwd, env=child_env)
@@ -259,8 +288,10 @@ def run_stage_in_allocation(command: list[str], cwd: str, max_requeues: int) -> 
     if code == REQUEUE_EXIT_CODE:
         restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
         if restarts >= max_requeues:
-            raise SlurmError(f"training was preempted after {restarts} requeues (train.slurm.max_requeues): "
-                             "rerun the stage to continue from its checkpoint")
+            raise SlurmError(
+                f"training was preempted after {restarts} requeues (train.slurm.max_requeues): "
+                "rerun the stage to continue from its checkpoint"
+            )
         # SIGTERM also comes with `scancel` (a Ctrl-C of the stage): a job being cancelled is not
         # running any more, and must not come back.
         state = _job_state(env.raw_job_id)
@@ -271,19 +302,29 @@ def run_stage_in_allocation(command: list[str], cwd: str, max_requeues: int) -> 
         # No result is written: the job is not over, Slurm runs it again (or it was cancelled).
         sys.exit(REQUEUE_EXIT_CODE)
     if code != 0:
-        raise SlurmError(f"{' '.join(command)} exited with code {code} on {env.hostname} (rank {env.global_rank})")
+        raise SlurmError(
+            f"{' '.join(command)} exited with code {code} on {env.hostname} (rank {env.global_rank})"
+        )
 
 
 def _job_state(job_id: str) -> str:
-    done = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60
+    )
     return done.stdout.strip() or "gone"
 
 
 def segment_record() -> dict[str, Any]:
     """Where this segment of a Slurm job runs (provenance: one record per segment)."""
-    keys = {"job_id": "SLURM_JOB_ID", "restart_count": "SLURM_RESTART_COUNT", "nodes": "SLURM_JOB_NODELIST",
-            "tasks": "SLURM_NTASKS", "gpus_on_node": "SLURM_GPUS_ON_NODE", "cuda_visible_devices": "CUDA_VISIBLE_DEVICES",
-            "partition": "SLURM_JOB_PARTITION"}
+    keys = {
+        "job_id": "SLURM_JOB_ID",
+        "restart_count": "SLURM_RESTART_COUNT",
+        "nodes": "SLURM_JOB_NODELIST",
+        "tasks": "SLURM_NTASKS",
+        "gpus_on_node": "SLURM_GPUS_ON_NODE",
+        "cuda_visible_devices": "CUDA_VISIBLE_DEVICES",
+        "partition": "SLURM_JOB_PARTITION",
+    }
     record: dict[str, Any] = {name: os.environ.get(var) for name, var in keys.items()}
     record["restart_count"] = int(record["restart_count"] or 0)
     record["host"] = os.uname().nodename
@@ -309,14 +350,28 @@ def run_stage_as_job(
     segments = folder / "segments.jsonl"
     segments.unlink(missing_ok=True)  # a new job: its own segments only
     executor = make_executor(
-        folder, job_name=job_name, partition=resources.partition, account=resources.account, qos=resources.qos,
-        cpus_per_task=resources.cpus_per_task, mem_gb=resources.mem_gb, time_min=resources.time_min,
-        nodes=resources.nodes, tasks_per_node=num_processes // resources.nodes, gpus_per_node=resources.gpus_per_node,
-        signal_before_end_s=resources.signal_before_end_s, environment={SEGMENTS_ENV: str(segments)},
+        folder,
+        job_name=job_name,
+        partition=resources.partition,
+        account=resources.account,
+        qos=resources.qos,
+        cpus_per_task=resources.cpus_per_task,
+        mem_gb=resources.mem_gb,
+        time_min=resources.time_min,
+        nodes=resources.nodes,
+        tasks_per_node=num_processes // resources.nodes,
+        gpus_per_node=resources.gpus_per_node,
+        signal_before_end_s=resources.signal_before_end_s,
+        environment={SEGMENTS_ENV: str(segments)},
     )
     job = executor.submit(run_stage_in_allocation, command, str(cwd), resources.max_requeues)
-    log.info("submitted Slurm job %s (%d process(es) on %d node(s)); its files: %s", job.job_id, num_processes,
-             resources.nodes, folder)
+    log.info(
+        "submitted Slurm job %s (%d process(es) on %d node(s)); its files: %s",
+        job.job_id,
+        num_processes,
+        resources.nodes,
+        folder,
+    )
     wait([job], tail=LogTail([(job.paths.stdout, stdout), (job.paths.stderr, stderr)]))
     result = outcome(job)
     if not result.ok:

@@ -49,7 +49,14 @@ log = logging.getLogger(__name__)
 # bundled libjpeg/libpng, PyAV's FFmpeg), parsers (mcap, protobuf and the Foxglove schemas),
 # interpolation (NumPy, SciPy) and the cache's own format (NumPy's npz). zarr writes the store.
 DECISIVE_DISTRIBUTIONS = (
-    "numpy", "scipy", "opencv-python-headless", "av", "zarr", "mcap", "protobuf", "foxglove-schemas-protobuf",
+    "numpy",
+    "scipy",
+    "opencv-python-headless",
+    "av",
+    "zarr",
+    "mcap",
+    "protobuf",
+    "foxglove-schemas-protobuf",
 )
 
 
@@ -137,10 +144,17 @@ def conversion_params(config: ConvertConfig) -> dict[str, Any]:
 def cache_key(rec: RecordingInput, config: ConvertConfig) -> str:
     # The record holds the stem and folder, the manifest's `truncated` and a warning from the status json's
     # frame count too: a renamed recording or a new status file must not be served the old ones.
-    blob = canonical_json({
-        "converter": converter_digest(), "vio_sha256": rec.vio_sha256, "params": conversion_params(config),
-        "stem": rec.stem, "folder": rec.folder, "truncated": rec.truncated, "expected_frames": rec.expected_frames,
-    })
+    blob = canonical_json(
+        {
+            "converter": converter_digest(),
+            "vio_sha256": rec.vio_sha256,
+            "params": conversion_params(config),
+            "stem": rec.stem,
+            "folder": rec.folder,
+            "truncated": rec.truncated,
+            "expected_frames": rec.expected_frames,
+        }
+    )
     return hashlib.sha256(blob).hexdigest()
 
 
@@ -164,7 +178,8 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
         episode = build_episode(read_streams(rec.vio_path, config.topics), config)
         if rec.expected_frames is not None and rec.expected_frames != episode.frames_in:
             episode.warnings.append(
-                f"status json says {rec.expected_frames} frames, the recording has {episode.frames_in} (truncated copy?)"
+                f"status json says {rec.expected_frames} frames, "
+                f"the recording has {episode.frames_in} (truncated copy?)"
             )
         _save_arrays(cache_dir / f"{key}.npz", episode, config.jpeg_quality)
     except RecordingError as exc:
@@ -206,7 +221,13 @@ def _offset_summary_ms(offset_ns: np.ndarray | None) -> dict[str, float] | None:
 
 def record_of(rec: RecordingInput, key: str) -> dict[str, Any]:
     """What every record says of its recording, converted or excluded."""
-    return {"stem": rec.stem, "folder": rec.folder, "vio_sha256": rec.vio_sha256, "truncated": rec.truncated, "key": key}
+    return {
+        "stem": rec.stem,
+        "folder": rec.folder,
+        "vio_sha256": rec.vio_sha256,
+        "truncated": rec.truncated,
+        "key": key,
+    }
 
 
 def _cached_record(record_path: Path) -> dict[str, Any] | None:
@@ -228,9 +249,14 @@ def _cached_record(record_path: Path) -> dict[str, Any] | None:
 def _unexpected_failure(rec: RecordingInput, exc: Exception) -> dict[str, Any]:
     log.error("%s: conversion failed unexpectedly", rec.vio_path, exc_info=exc)
     frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    where = (
+        f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    )
     last_line = traceback.format_exception_only(type(exc), exc)[-1].strip()
-    return {"excluded": "converter_error", "detail": f"{last_line}{where}; please report it with this recording"}
+    return {
+        "excluded": "converter_error",
+        "detail": f"{last_line}{where}; please report it with this recording",
+    }
 
 
 def _is_disk_full(exc: OSError) -> bool:
@@ -275,7 +301,12 @@ def _save_arrays(path: Path, episode: Episode, jpeg_quality: int) -> None:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError) and _is_disk_full(exc):
             # Frames, their low-dim rows, and the pose and width samples.
-            needed = int(offsets[-1]) + 64 * len(episode.capture_ns) + 56 * len(episode.pose_ns) + 16 * len(episode.width_ns)
+            needed = (
+                int(offsets[-1])
+                + 64 * len(episode.capture_ns)
+                + 56 * len(episode.pose_ns)
+                + 16 * len(episode.width_ns)
+            )
             raise DiskFullError(str(path), needed, len(episode.capture_ns)) from None
         raise
 
@@ -287,11 +318,16 @@ def _load_arrays(cache_dir: Path, key: str) -> dict[str, np.ndarray]:
 
 # How the recordings get converted into the cache: here in a process pool (convert_recordings),
 # or elsewhere (policypipe.cluster.convert_jobs: Slurm array tasks) into the same cache.
-Runner = Callable[[list[RecordingInput], ConvertConfig, Path, Callable[[dict], None] | None], list[dict[str, Any]]]
+Runner = Callable[
+    [list[RecordingInput], ConvertConfig, Path, Callable[[dict], None] | None], list[dict[str, Any]]
+]
 
 
 def convert_recordings(
-    inputs: list[RecordingInput], config: ConvertConfig, cache_dir: Path, progress: Callable[[dict], None] | None = None
+    inputs: list[RecordingInput],
+    config: ConvertConfig,
+    cache_dir: Path,
+    progress: Callable[[dict], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Every recording into the cache by `config.workers` processes; their records in order."""
     # Always in worker processes, even one: a recording that kills its process (the kernel's
@@ -328,13 +364,17 @@ def _convert_in_own_process(rec: RecordingInput, config: ConvertConfig, cache_di
     # Not cached: a machine with more memory, or a fixed decoder, tries again.
     return record_of(rec, cache_key(rec, config)) | {
         "excluded": "worker_died",
-        "detail": "the process converting it died (killed by the system, e.g. out of memory, or a crash inside a "
+        "detail": "the process converting it died (killed by the system, "
+        "e.g. out of memory, or a crash inside a "
         "decoder); check the machine's memory and the recording",
     }
 
 
 def _convert_all_or_disk_full(
-    inputs: list[RecordingInput], config: ConvertConfig, cache_dir: Path, progress: Callable[[dict], None] | None,
+    inputs: list[RecordingInput],
+    config: ConvertConfig,
+    cache_dir: Path,
+    progress: Callable[[dict], None] | None,
     runner: Runner,
 ) -> list[dict[str, Any]]:
     try:
@@ -349,7 +389,8 @@ def _convert_all_or_disk_full(
             per_frame, frames = exc.needed, len(todo)
         raise DatasetError(
             f"{exc}. The conversion cache needs about {_mb(per_frame * frames)} more for the {len(todo)} "
-            f"recording(s) not converted yet, and {cache_dir} has {_mb(shutil.disk_usage(cache_dir).free)} free. "
+            f"recording(s) not converted yet, and {cache_dir} has "
+            f"{_mb(shutil.disk_usage(cache_dir).free)} free. "
             "Free space there or point convert's --cache (dvc.yaml) at a larger disk, then run again: "
             "recordings already converted are kept."
         ) from None
@@ -387,13 +428,18 @@ class ConversionResult:
             "frames_dropped_by_reason": dict(sorted(dropped.items())),
             # Messages in damaged chunks or unparseable, per stream: the file lost them, not convert.
             "messages_lost_by_stream": dict(sorted(lost.items())),
-            "episodes_from_damaged_files": sum(1 for ep in self.episodes if ep["lost_messages"] or ep["read_stopped"]),
+            "episodes_from_damaged_files": sum(
+                1 for ep in self.episodes if ep["lost_messages"] or ep["read_stopped"]
+            ),
             "episodes_read_only_up_to_damage": sum(1 for ep in self.episodes if ep["read_stopped"]),
             "recordings_excluded": len(self.excluded),
-            "recordings_excluded_by_reason": dict(sorted(Counter(e["excluded"] for e in self.excluded).items())),
+            "recordings_excluded_by_reason": dict(
+                sorted(Counter(e["excluded"] for e in self.excluded).items())
+            ),
             # With convert.resample_hz: the farthest any chosen frame is from its grid time.
             "resample_offset_ms_max": max(
-                (ep["resample_offset_ms"]["max"] for ep in self.episodes if ep["resample_offset_ms"]), default=None
+                (ep["resample_offset_ms"]["max"] for ep in self.episodes if ep["resample_offset_ms"]),
+                default=None,
             ),
             "bytes_per_frame": round(self.store_bytes / max(self.frames, 1), 1),
             "store_files": self.store_files,
@@ -418,7 +464,9 @@ def convert_dataset(
     manifest = json.loads(Path(manifest_path).read_text())
     inputs = recordings_from_manifest(manifest, Path(export_root))
     if not inputs:
-        raise DatasetError(f"{manifest_path} lists no recordings: nothing to convert (see the pair stage's report)")
+        raise DatasetError(
+            f"{manifest_path} lists no recordings: nothing to convert (see the pair stage's report)"
+        )
     cache_dir = _current_cache(Path(cache_dir))
 
     records = _convert_all_or_disk_full(inputs, config, cache_dir, progress, runner)
@@ -517,7 +565,8 @@ def _assemble(
             needed = sum((cache_dir / f"{ep['key']}.npz").stat().st_size for ep in episodes)
             raise DatasetError(
                 f"no space left on the device writing the dataset {out_path}: it needs about {_mb(needed)}, "
-                f"and {out_path.parent} has {_mb(shutil.disk_usage(out_path.parent).free)} free. Free space there "
+                f"and {out_path.parent} has "
+                f"{_mb(shutil.disk_usage(out_path.parent).free)} free. Free space there "
                 "and run again (the conversion cache is kept; the previous dataset, if any, is untouched)."
             ) from None
         raise
@@ -535,12 +584,16 @@ def _write_store(
     frames = FrameShardWriter(tmp, rgb)
     lowdim = {
         key: root.create_array(
-            key, shape=(total, 1 if key == layout.GRIPPER_WIDTH else 3), dtype="float32",
+            key,
+            shape=(total, 1 if key == layout.GRIPPER_WIDTH else 3),
+            dtype="float32",
             chunks=(layout.LOWDIM_CHUNK, 1 if key == layout.GRIPPER_WIDTH else 3),
         )
         for key in layout.LOWDIM_KEYS
     }
-    stamps = root.create_array(layout.TIMESTAMP, shape=(total,), dtype="float64", chunks=(layout.LOWDIM_CHUNK,))
+    stamps = root.create_array(
+        layout.TIMESTAMP, shape=(total,), dtype="float64", chunks=(layout.LOWDIM_CHUNK,)
+    )
     pose_rows = sum(ep["pose_samples"] for ep in episodes)
     width_rows = sum(ep["width_samples"] for ep in episodes)
     streams = {
@@ -554,7 +607,8 @@ def _write_store(
         )
     }
     appenders = {
-        k: _Appender(a, layout.LOWDIM_CHUNK) for k, a in {**lowdim, layout.TIMESTAMP: stamps, **streams}.items()
+        k: _Appender(a, layout.LOWDIM_CHUNK)
+        for k, a in {**lowdim, layout.TIMESTAMP: stamps, **streams}.items()
     }
     ends, pose_ends, width_ends = [0], [0], [0]
     for ep in episodes:
@@ -578,8 +632,14 @@ def _write_store(
     frames.close()
     for appender in appenders.values():
         appender.close()
-    for key, episode_ends in ((layout.EPISODE_ENDS, ends), (layout.POSE_EPISODE_ENDS, pose_ends), (layout.WIDTH_EPISODE_ENDS, width_ends)):
-        root.create_array(key, data=np.asarray(episode_ends[1:], dtype=np.int64), chunks=(max(len(episodes), 1),))
+    for key, episode_ends in (
+        (layout.EPISODE_ENDS, ends),
+        (layout.POSE_EPISODE_ENDS, pose_ends),
+        (layout.WIDTH_EPISODE_ENDS, width_ends),
+    ):
+        root.create_array(
+            key, data=np.asarray(episode_ends[1:], dtype=np.int64), chunks=(max(len(episodes), 1),)
+        )
     root.attrs.update(
         {
             layout.ATTRS_FORMAT: layout.FORMAT_VERSION,

@@ -29,7 +29,9 @@ class UnreadableFrame(Exception):
     bytes that are not a JPEG), as opposed to a failure of the code reading it."""
 
 
-def create_frames_array(group: zarr.Group, key: str, frames: int, size: tuple[int, int], frames_per_shard: int, quality: int) -> zarr.Array:
+def create_frames_array(
+    group: zarr.Group, key: str, frames: int, size: tuple[int, int], frames_per_shard: int, quality: int
+) -> zarr.Array:
     w, h = size
     return group.create_array(
         key,
@@ -132,7 +134,9 @@ class FrameShardReader:
                 f.seek(-(size + 4), os.SEEK_END)
                 raw = f.read(size + 4)
             if np.uint32(google_crc32c.value(raw[:size])).astype("<u4").tobytes() != raw[size:]:
-                raise CorruptFrameData(f"{path}: shard index checksum does not match (corrupt file; run policypipe verify)")
+                raise CorruptFrameData(
+                    f"{path}: shard index checksum does not match (corrupt file; run policypipe verify)"
+                )
             index = self._indexes[shard] = np.frombuffer(raw[:size], dtype="<u8").reshape(-1, 2)
         return index
 

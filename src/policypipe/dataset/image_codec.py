@@ -71,7 +71,9 @@ class CorruptFrameData(ValueError):
 
 
 def encode_jpeg(rgb: np.ndarray, quality: int) -> bytes:
-    ok, encoded = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
+    ok, encoded = cv2.imencode(
+        ".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality]
+    )
     if not ok:
         raise ValueError(f"{CODEC_NAME}: OpenCV could not encode a {rgb.shape} frame")
     return encoded.tobytes()

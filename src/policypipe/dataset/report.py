@@ -52,8 +52,12 @@ def write_plots(root: zarr.Group, out_dir: Path, val_episodes: list[int]) -> lis
     written = []
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.hist((last - first + 1) / frequency, bins=min(30, max(5, len(ends))), color="tab:blue", edgecolor="white")
-    ax.set(xlabel="episode length (s)", ylabel="episodes", title=f"{len(ends)} episodes at {frequency:.1f} Hz")
+    ax.hist(
+        (last - first + 1) / frequency, bins=min(30, max(5, len(ends))), color="tab:blue", edgecolor="white"
+    )
+    ax.set(
+        xlabel="episode length (s)", ylabel="episodes", title=f"{len(ends)} episodes at {frequency:.1f} Hz"
+    )
     written.append(save_png(fig, out_dir / "episode_lengths.png", dpi=110))
 
     fig, ax = plt.subplots(figsize=(6, 6))
@@ -62,7 +66,9 @@ def write_plots(root: zarr.Group, out_dir: Path, val_episodes: list[int]) -> lis
         ax.plot(p[:, 0], p[:, 1], color=colors[e], lw=1, ls="--" if e in val_episodes else "-")
         ax.plot(p[0, 0], p[0, 1], "o", color=colors[e], ms=3)
         ax.plot(p[-1, 0], p[-1, 1], "x", color=colors[e], ms=4)
-    ax.set(xlabel="x (m)", ylabel="y (m)", title="gripper paths, top-down (o start, x end, dashed: validation)")
+    ax.set(
+        xlabel="x (m)", ylabel="y (m)", title="gripper paths, top-down (o start, x end, dashed: validation)"
+    )
     ax.set_aspect("equal", adjustable="datalim")
     written.append(save_png(fig, out_dir / "paths_topdown.png", dpi=110))
 
@@ -86,4 +92,3 @@ def write_plots(root: zarr.Group, out_dir: Path, val_episodes: list[int]) -> lis
     fig.suptitle("middle frame of every episode", fontsize=9)
     written.append(save_png(fig, out_dir / "contact_sheet.png", dpi=110))
     return written
-

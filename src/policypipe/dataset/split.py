@@ -20,8 +20,10 @@ from collections.abc import Sequence
 
 SPLIT_BY = ("recording", "session")
 
-RULE = ("a group (split_by) is held out when sha256('<seed>:<group>')'s first 8 bytes, as a fraction of "
-        "2^64, are below val_fraction; if that empties a side, the group nearest the threshold crosses over")
+RULE = (
+    "a group (split_by) is held out when sha256('<seed>:<group>')'s first 8 bytes, as a fraction of "
+    "2^64, are below val_fraction; if that empties a side, the group nearest the threshold crosses over"
+)
 
 
 def group_fraction(seed: int, group: str) -> float:
@@ -37,8 +39,10 @@ def episode_groups(episodes: Sequence[dict], split_by: str) -> list[str]:
     key = "stem" if split_by == "recording" else "folder"
     missing = [i for i, ep in enumerate(episodes) if key not in ep]
     if missing:
-        raise ValueError(f"episode records {missing[:5]} have no {key!r}: convert the dataset again with this version "
-                         f"(records gained the session folder), or split by 'recording'")
+        raise ValueError(
+            f"episode records {missing[:5]} have no {key!r}: convert the dataset again with this version "
+            f"(records gained the session folder), or split by 'recording'"
+        )
     return [str(ep[key]) for ep in episodes]
 
 
@@ -46,9 +50,11 @@ def split_episodes(groups: Sequence[str], seed: int, val_fraction: float) -> tup
     """(train, validation) episode indices, sorted and both non-empty; `groups[i]` is episode i's group."""
     distinct = sorted(set(groups))
     if len(distinct) < 2:
-        raise ValueError(f"the dataset has {len(groups)} episode(s) in {len(distinct)} group(s); a train/validation "
-                         "split needs at least 2 (with stats.split_by: session, recordings in at least 2 session "
-                         "folders; or split by recording)")
+        raise ValueError(
+            f"the dataset has {len(groups)} episode(s) in {len(distinct)} group(s); a train/validation "
+            "split needs at least 2 (with stats.split_by: session, recordings in at least 2 session "
+            "folders; or split by recording)"
+        )
     position = {g: group_fraction(seed, g) for g in distinct}
     held_out = {g for g in distinct if position[g] < val_fraction}
     if not held_out:

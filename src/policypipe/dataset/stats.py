@@ -118,16 +118,24 @@ def _windowed(streams: EpisodeStreams, episodes: list[int], window: WindowConfig
         }
 
 
-def observation_image_offsets(streams: EpisodeStreams, episodes: list[int], window: WindowConfig) -> dict[str, Any]:
+def observation_image_offsets(
+    streams: EpisodeStreams, episodes: list[int], window: WindowConfig
+) -> dict[str, Any]:
     """How far, per observation step (oldest first), the image is from the time its pose is
     sampled at: mean and max |capture time - observation time| over the anchors, in ms."""
     anchors, _ = streams.anchors(episodes, window)
     _, offset = streams.observation_frames(anchors, window)
     ms = 1000 * np.abs(offset)
-    return {"anchors": int(len(anchors)), "mean": np.round(ms.mean(axis=0), 3).tolist(), "max": np.round(ms.max(axis=0), 3).tolist()}
+    return {
+        "anchors": int(len(anchors)),
+        "mean": np.round(ms.mean(axis=0), 3).tolist(),
+        "max": np.round(ms.max(axis=0), 3).tolist(),
+    }
 
 
-def lowdim_statistics(streams: EpisodeStreams, episodes: list[int], window: WindowConfig, config: StatsConfig) -> dict[str, dict]:
+def lowdim_statistics(
+    streams: EpisodeStreams, episodes: list[int], window: WindowConfig, config: StatsConfig
+) -> dict[str, dict]:
     moments: dict[str, _Moments] = {}
     for blk in _windowed(streams, episodes, window, config.block_frames):
         for name, x in blk.items():
@@ -171,7 +179,11 @@ def image_statistics(root: zarr.Group, episodes: list[int], frames: int) -> dict
         total_sq += (batch**2).sum(axis=(0, 1, 2))
         pixels += batch.shape[0] * batch.shape[1] * batch.shape[2]
     mean = total / pixels
-    return {"count": int(len(indices)), "mean": mean.tolist(), "std": np.sqrt(np.maximum(total_sq / pixels - mean**2, 0)).tolist()}
+    return {
+        "count": int(len(indices)),
+        "mean": mean.tolist(),
+        "std": np.sqrt(np.maximum(total_sq / pixels - mean**2, 0)).tolist(),
+    }
 
 
 def compute_statistics(root: zarr.Group, window: WindowConfig, config: StatsConfig) -> dict[str, Any]:
@@ -190,10 +202,15 @@ def compute_statistics(root: zarr.Group, window: WindowConfig, config: StatsConf
             "train_stems": [episodes[i]["stem"] for i in train],
             "val_stems": [episodes[i]["stem"] for i in val],
         },
-        "window": {"n_obs_steps": window.n_obs_steps, "horizon": window.horizon, "n_action_steps": window.n_action_steps},
+        "window": {
+            "n_obs_steps": window.n_obs_steps,
+            "horizon": window.horizon,
+            "n_action_steps": window.n_action_steps,
+        },
         "lowdim": lowdim_statistics(streams, train, window, config),
         "observation_image_offset_ms": observation_image_offsets(streams, train, window),
         "image": {layout.RGB: image_statistics(root, train, config.image_sample_frames)},
-        "quantile_tolerance": "within one bin, (max - min) / quantile_bins, of the order statistics bracketing the quantile",
+        "quantile_tolerance": "within one bin, (max - min) / quantile_bins, "
+        "of the order statistics bracketing the quantile",
         "quantile_bins": config.quantile_bins,
     }

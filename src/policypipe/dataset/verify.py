@@ -34,7 +34,11 @@ def verify_store(target: Path, recorded: dict[str, Any]) -> StoreVerdict:
     # Metadata that is not JSON stops zarr before any array is read, with an error that does
     # not say which file: name it, and the damaged files, without opening the store.
     unreadable = _unreadable_metadata(target)
-    damaged = _damaged_files(store_files(target), recorded["files"], set(unreadable)) if recorded.get("files") else None
+    damaged = (
+        _damaged_files(store_files(target), recorded["files"], set(unreadable))
+        if recorded.get("files")
+        else None
+    )
     if unreadable:
         problems = [f"{path}: {why}" for path, why in unreadable.items()]
         problems += [d for d in damaged or [] if d.split(": ", 1)[0] not in unreadable]
@@ -61,7 +65,9 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:200]}"
 
 
-def _damaged_files(actual: dict[str, str], expected: dict[str, str], unreadable: set[str]) -> list[str] | None:
+def _damaged_files(
+    actual: dict[str, str], expected: dict[str, str], unreadable: set[str]
+) -> list[str] | None:
     """Damaged and missing files when the store has the recorded layout, or that layout less some
     files; None for another layout (a re-chunked copy, judged by its content alone).
 

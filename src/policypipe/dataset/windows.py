@@ -56,7 +56,9 @@ class WindowConfig:
         if self.n_obs_steps < 1:
             raise ValueError(f"n_obs_steps must be >= 1, got {self.n_obs_steps}")
         if not 1 <= self.n_action_steps <= self.horizon:
-            raise ValueError(f"n_action_steps must be in 1..horizon ({self.horizon}), got {self.n_action_steps}")
+            raise ValueError(
+                f"n_action_steps must be in 1..horizon ({self.horizon}), got {self.n_action_steps}"
+            )
 
     def action_offsets(self, frequency_hz: float) -> np.ndarray:
         """(H,) seconds after the anchor of each action step."""
@@ -79,7 +81,9 @@ def rot6d(matrices: np.ndarray) -> np.ndarray:
     return np.concatenate([matrices[..., :, 0], matrices[..., :, 1]], axis=-1)
 
 
-def relative_poses(anchor_pos: np.ndarray, anchor_rot: np.ndarray, pos: np.ndarray, rot: np.ndarray) -> np.ndarray:
+def relative_poses(
+    anchor_pos: np.ndarray, anchor_rot: np.ndarray, pos: np.ndarray, rot: np.ndarray
+) -> np.ndarray:
     """(M, K, 9): poses `pos` (M, K, 3), `rot` (M, K, 3, 3) in the gripper frame of each anchor
     (`anchor_pos` (M, 3), `anchor_rot` (M, 3, 3), world <- anchor)."""
     to_anchor = np.swapaxes(anchor_rot, -1, -2)  # anchor <- world
@@ -141,23 +145,38 @@ class EpisodeStreams:
         self.width = np.ascontiguousarray(width, np.float64).reshape(-1)
         self._check(p_first, p_last, w_first, w_last)
         # Built once over the whole axis (between episodes it is never asked).
-        self.pose = PoseInterpolator(self.pose_time, np.asarray(pose_pos, np.float64), Rotation.from_rotvec(pose_rotvec))
+        self.pose = PoseInterpolator(
+            self.pose_time, np.asarray(pose_pos, np.float64), Rotation.from_rotvec(pose_rotvec)
+        )
 
     def _check(self, p_first, p_last, w_first, w_last) -> None:
         """Every episode's streams cover its frames, in time order: nothing is ever extrapolated."""
-        if (np.diff(self.pose_time) <= 0).any() or (np.diff(self.width_time) <= 0).any() or (np.diff(self.frame_time) < 0).any():
+        if (
+            (np.diff(self.pose_time) <= 0).any()
+            or (np.diff(self.width_time) <= 0).any()
+            or (np.diff(self.frame_time) < 0).any()
+        ):
             raise ValueError("pose or width samples not strictly increasing in time, or frames out of order")
         t0, t1 = self.frame_time[self.first], self.frame_time[self.last]
-        bad = (self.pose_time[p_first] > t0) | (self.pose_time[p_last] < t1) | (self.width_time[w_first] > t0) | (self.width_time[w_last] < t1)
+        bad = (
+            (self.pose_time[p_first] > t0)
+            | (self.pose_time[p_last] < t1)
+            | (self.width_time[w_first] > t0)
+            | (self.width_time[w_last] < t1)
+        )
         if bad.any():
-            raise ValueError(f"episodes {np.flatnonzero(bad).tolist()}: the pose or width samples do not cover their frames")
+            raise ValueError(
+                f"episodes {np.flatnonzero(bad).tolist()}: the pose or width samples "
+                "do not cover their frames"
+            )
 
     @classmethod
     def from_store(cls, root: zarr.Group) -> EpisodeStreams:
         version = root.attrs.get(layout.ATTRS_FORMAT)
         if version != layout.FORMAT_VERSION:
             raise ValueError(
-                f"dataset {root.store} has format version {version}, this code reads version {layout.FORMAT_VERSION} "
+                f"dataset {root.store} has format version {version}, "
+                f"this code reads version {layout.FORMAT_VERSION} "
                 "(it needs the recorded pose and width streams): rebuild it with `dvc repro convert`"
             )
         return cls(
@@ -203,7 +222,9 @@ class EpisodeStreams:
     def windows(self, anchors: np.ndarray, window: WindowConfig) -> Windows:
         """The observation and action windows of frames `anchors` (M,), one vectorised pass."""
         anchors = np.asarray(anchors, dtype=np.int64)
-        offsets = np.concatenate([window.observation_offsets(self.frequency_hz), window.action_offsets(self.frequency_hz)])
+        offsets = np.concatenate(
+            [window.observation_offsets(self.frequency_hz), window.action_offsets(self.frequency_hz)]
+        )
         pos, rot, width = self._sample(self._clamped(anchors, offsets))  # (M, O + H, ...)
         o = window.n_obs_steps  # observation step o - 1 is the anchor itself
         rel = relative_poses(pos[:, o - 1], rot[:, o - 1], pos, rot)
@@ -221,4 +242,8 @@ class EpisodeStreams:
         flat = times.ravel()
         pos, rot = self.pose(flat)
         width = interpolate_width(flat, self.width_time, self.width)
-        return pos.reshape(*times.shape, 3), rot.as_matrix().reshape(*times.shape, 3, 3), width.reshape(times.shape)
+        return (
+            pos.reshape(*times.shape, 3),
+            rot.as_matrix().reshape(*times.shape, 3, 3),
+            width.reshape(times.shape),
+        )

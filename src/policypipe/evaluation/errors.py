@@ -36,9 +36,14 @@ def chunk_errors(predicted: np.ndarray, recorded: np.ndarray) -> dict[str, np.nd
 
 def summarize(errors: np.ndarray, n_action_steps: int) -> dict[str, Any]:
     """Mean, median and p90 over the executed steps and over the whole horizon; mean per step."""
+
     def stats(x: np.ndarray) -> dict[str, float]:
         per_sample = x.mean(axis=1)
-        return {"mean": float(per_sample.mean()), "median": float(np.median(per_sample)), "p90": float(np.percentile(per_sample, 90))}
+        return {
+            "mean": float(per_sample.mean()),
+            "median": float(np.median(per_sample)),
+            "p90": float(np.percentile(per_sample, 90)),
+        }
 
     return {
         "executed": stats(errors[:, :n_action_steps]),
@@ -64,15 +69,18 @@ def mean_pairwise_distance_mm(samples: np.ndarray, n_action_steps: int) -> float
     return float(1000 * np.mean(d)) if d else 0.0
 
 
-def bootstrap_mean_ci(values: np.ndarray, seed: int, resamples: int = 2000, level: float = 0.95) -> tuple[float, float]:
+def bootstrap_mean_ci(
+    values: np.ndarray, seed: int, resamples: int = 2000, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile bootstrap confidence interval of the mean of paired differences."""
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(values), size=(resamples, len(values)))
     return percentile_ci(values[idx].mean(axis=1), level)
 
 
-def constant_velocity(obs_pose: np.ndarray, obs_width: np.ndarray, horizon: int,
-                      width_range: tuple[float, float] | None = None) -> np.ndarray:
+def constant_velocity(
+    obs_pose: np.ndarray, obs_width: np.ndarray, horizon: int, width_range: tuple[float, float] | None = None
+) -> np.ndarray:
     """(N, T, 10): the last observed motion continued, a baseline that needs no learning.
 
     obs_pose (N, O, 9) and obs_width (N, O, 1) are the observation window, O >= 2: step j is
@@ -129,8 +137,9 @@ def foreign_episode_partners(episodes: np.ndarray, seed: int) -> np.ndarray:
     return partners
 
 
-def hierarchical_bootstrap(groups: dict[str, dict[str, np.ndarray]], seed: int,
-                           resamples: int = 2000) -> dict[str, dict[str, np.ndarray]]:
+def hierarchical_bootstrap(
+    groups: dict[str, dict[str, np.ndarray]], seed: int, resamples: int = 2000
+) -> dict[str, dict[str, np.ndarray]]:
     """Bootstrap replicates of grand means over seeds and samples: (R,) per quantity.
 
     `groups` maps a group (the seeds of one configuration, or the seed-free baselines) to its
@@ -145,15 +154,22 @@ def hierarchical_bootstrap(groups: dict[str, dict[str, np.ndarray]], seed: int,
         raise ValueError(f"every quantity must cover the same samples, got sample counts {sorted(sizes)}")
     (n,) = sizes
     rng = np.random.default_rng(seed)
-    sample_counts = rng.multinomial(n, np.full(n, 1 / n), size=resamples)  # (R, N): how often each sample is drawn
+    sample_counts = rng.multinomial(
+        n, np.full(n, 1 / n), size=resamples
+    )  # (R, N): how often each sample is drawn
     out = {}
     for name in sorted(groups):
         seeds = {x.shape[0] for x in groups[name].values()}
         if len(seeds) != 1:
-            raise ValueError(f"the quantities of {name!r} come from different numbers of seeds: {sorted(seeds)}")
+            raise ValueError(
+                f"the quantities of {name!r} come from different numbers of seeds: {sorted(seeds)}"
+            )
         (s,) = seeds
         seed_counts = rng.multinomial(s, np.full(s, 1 / s), size=resamples)  # (R, S)
-        out[name] = {q: np.einsum("rs,sn,rn->r", seed_counts, x, sample_counts) / (s * n) for q, x in groups[name].items()}
+        out[name] = {
+            q: np.einsum("rs,sn,rn->r", seed_counts, x, sample_counts) / (s * n)
+            for q, x in groups[name].items()
+        }
     return out
 
 
@@ -172,15 +188,24 @@ def ci_scope(seeds: dict[str, int]) -> str:
     """What a bootstrap CI over these groups' seeds covers, in words for the report."""
     if all(s == 1 for s in seeds.values()):
         return "samples only (one seed" + (" per side)" if len(seeds) > 1 else ")")
-    return "seeds and samples (" + ", ".join(f"{name}: {s} seed{'s' * (s > 1)}" for name, s in seeds.items()) + ")"
+    return (
+        "seeds and samples ("
+        + ", ".join(f"{name}: {s} seed{'s' * (s > 1)}" for name, s in seeds.items())
+        + ")"
+    )
 
 
 def _mean_ci(replicates: np.ndarray, mean: float) -> dict[str, Any]:
     return {"mean": float(mean), "ci95": list(percentile_ci(replicates))}
 
 
-def seeds_summary(policy: dict[str, np.ndarray], ablation: dict[str, np.ndarray] | None,
-                  baselines: dict[str, dict[str, np.ndarray]], seed: int, resamples: int = 2000) -> dict[str, Any]:
+def seeds_summary(
+    policy: dict[str, np.ndarray],
+    ablation: dict[str, np.ndarray] | None,
+    baselines: dict[str, dict[str, np.ndarray]],
+    seed: int,
+    resamples: int = 2000,
+) -> dict[str, Any]:
     """Per component: the policy's error, each baseline's, the ratio to the best baseline and the
     camera ablation gap (ablation - policy), each as a mean with a 95% CI over seeds and samples.
 
@@ -189,7 +214,10 @@ def seeds_summary(policy: dict[str, np.ndarray], ablation: dict[str, np.ndarray]
     baseline of a component is the one with the lowest mean, named in the result.
     """
     floor = 1e-12  # a baseline with zero error (e.g. a width that never changes) gives a huge ratio, not inf
-    groups = {"policy": dict(policy), "baselines": {f"{b}/{c}": errs[c][None] for b, errs in baselines.items() for c in errs}}
+    groups = {
+        "policy": dict(policy),
+        "baselines": {f"{b}/{c}": errs[c][None] for b, errs in baselines.items() for c in errs},
+    }
     if ablation is not None:
         groups["policy"].update({f"ablation/{c}": x for c, x in ablation.items()})
     reps = hierarchical_bootstrap(groups, seed, resamples)
@@ -212,7 +240,9 @@ def seeds_summary(policy: dict[str, np.ndarray], ablation: dict[str, np.ndarray]
     return out
 
 
-def difference_summary(a: dict[str, np.ndarray], b: dict[str, np.ndarray], seed: int, resamples: int = 2000) -> dict[str, Any]:
+def difference_summary(
+    a: dict[str, np.ndarray], b: dict[str, np.ndarray], seed: int, resamples: int = 2000
+) -> dict[str, Any]:
     """Per component, B - A of the mean error with a 95% CI over both sides' seeds and the shared
     samples; a and b map a component to (S_a, N) and (S_b, N) errors on the same N samples."""
     reps = hierarchical_bootstrap({"A": a, "B": b}, seed, resamples)

@@ -66,11 +66,15 @@ class EvalConfig:
         if self.stride < 1 or self.batch_size < 1 or self.spread_samples < 2 or self.spread_observations < 1:
             raise ValueError("stride, batch_size, spread_observations must be >= 1 and spread_samples >= 2")
         if self.bootstrap_resamples < 100:
-            raise ValueError(f"bootstrap_resamples must be >= 100 for a 95% interval, got {self.bootstrap_resamples}")
+            raise ValueError(
+                f"bootstrap_resamples must be >= 100 for a 95% interval, got {self.bootstrap_resamples}"
+            )
 
 
 @torch.no_grad()
-def predict(policy: DiffusionPolicy, batch: dict[str, torch.Tensor], batch_size: int, seed: int) -> np.ndarray:
+def predict(
+    policy: DiffusionPolicy, batch: dict[str, torch.Tensor], batch_size: int, seed: int
+) -> np.ndarray:
     """(N, T, 10) predicted chunks; noise seeded per batch, so results are reproducible."""
     policy.eval()
     out = []
@@ -89,10 +93,14 @@ def training_width_range(stats: dict[str, Any]) -> tuple[float, float] | None:
     return (float(width["min"][0]), float(width["max"][0])) if width else None
 
 
-def baseline_chunks(samples: Samples, store: Path, stats: dict[str, Any], window: WindowConfig
-                    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def baseline_chunks(
+    samples: Samples, store: Path, stats: dict[str, Any], window: WindowConfig
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The baselines' chunks (N, T, 10) on the samples, and {name: why} for those that cannot be made."""
-    obs_pose, obs_width = samples.batch["obs_pose"].double().numpy(), samples.batch["obs_width"].double().numpy()
+    obs_pose, obs_width = (
+        samples.batch["obs_pose"].double().numpy(),
+        samples.batch["obs_width"].double().numpy(),
+    )
     shape = (len(samples), window.horizon, 10)
     chunks = {
         "hold_still": hold_still(len(samples), window.horizon),
@@ -102,7 +110,9 @@ def baseline_chunks(samples: Samples, store: Path, stats: dict[str, Any], window
     if window.n_obs_steps >= 2:
         width_range = training_width_range(stats)
         if width_range is None:
-            log.warning("the statistics hold no training width range: constant velocity's width is not clipped")
+            log.warning(
+                "the statistics hold no training width range: constant velocity's width is not clipped"
+            )
         chunks["constant_velocity"] = constant_velocity(obs_pose, obs_width, window.horizon, width_range)
     else:
         omitted["constant_velocity"] = "needs n_obs_steps >= 2 to see a motion; the policy observes 1 step"
@@ -130,7 +140,9 @@ def executed_errors(chunk: np.ndarray, recorded: np.ndarray, n_action_steps: int
     return {c: errs[c][:, :n_action_steps].mean(axis=1) for c in COMPONENTS}
 
 
-def evaluate(policy: DiffusionPolicy, store: Path, stats: dict[str, Any], config: EvalConfig) -> dict[str, Any]:
+def evaluate(
+    policy: DiffusionPolicy, store: Path, stats: dict[str, Any], config: EvalConfig
+) -> dict[str, Any]:
     pc = policy.config
     window = WindowConfig(pc.n_obs_steps, pc.horizon, pc.n_action_steps)
     samples = collect_samples(store, stats["split"]["val"], window, config.stride)
@@ -144,17 +156,25 @@ def evaluate(policy: DiffusionPolicy, store: Path, stats: dict[str, Any], config
     if other is None:
         omitted[ABLATION_OTHER_EPISODES] = "needs at least 2 validation episodes"
     else:
-        chunks[ABLATION_OTHER_EPISODES] = predict(policy, samples.batch | {"obs_images": other}, config.batch_size, config.seed)
+        chunks[ABLATION_OTHER_EPISODES] = predict(
+            policy, samples.batch | {"obs_images": other}, config.batch_size, config.seed
+        )
     chunks[ABLATION_CONSTANT_IMAGE] = predict(
-        policy, samples.batch | {"obs_images": constant_images(samples, stats)}, config.batch_size, config.seed
+        policy,
+        samples.batch | {"obs_images": constant_images(samples, stats)},
+        config.batch_size,
+        config.seed,
     )
     for name, why in omitted.items():
         log.warning("%s omitted: %s", name, why)
     errors = {name: chunk_errors(chunk, recorded) for name, chunk in chunks.items()}
     executed = {name: executed_errors(chunk, recorded, pc.n_action_steps) for name, chunk in chunks.items()}
 
-    report: dict[str, Any] = {"samples": len(samples), "episodes": len(set(samples.episodes.tolist())),
-                              "skipped_episodes": len(samples.skipped)}
+    report: dict[str, Any] = {
+        "samples": len(samples),
+        "episodes": len(set(samples.episodes.tolist())),
+        "skipped_episodes": len(samples.skipped),
+    }
     per_step = []
     for name, errs in errors.items():
         summaries = {c: summarize(errs[c], pc.n_action_steps) for c in COMPONENTS}
@@ -165,17 +185,22 @@ def evaluate(policy: DiffusionPolicy, store: Path, stats: dict[str, Any], config
             per_step[h][name] = value
     for baseline in baselines:
         report[f"ratio_to_{baseline}"] = {
-            c: report["policy"][c]["executed"]["mean"] / max(report[baseline][c]["executed"]["mean"], 1e-12) for c in COMPONENTS
+            c: report["policy"][c]["executed"]["mean"] / max(report[baseline][c]["executed"]["mean"], 1e-12)
+            for c in COMPONENTS
         }
     summary = seeds_summary(
         {c: executed["policy"][c][None] for c in COMPONENTS},
         {c: executed[ABLATION_OTHER_EPISODES][c][None] for c in COMPONENTS} if other is not None else None,
-        {b: executed[b] for b in baselines}, config.seed, config.bootstrap_resamples,
+        {b: executed[b] for b in baselines},
+        config.seed,
+        config.bootstrap_resamples,
     )
     # Flat enough for `dvc metrics diff`: one number (or name) per key path.
     report["best_baseline"] = {c: summary[c]["best_baseline"] for c in COMPONENTS}
     report["ratio_to_best_baseline"] = {c: summary[c]["ratio_to_best_baseline"]["mean"] for c in COMPONENTS}
-    report["ratio_to_best_baseline_ci95"] = {c: _low_high(summary[c]["ratio_to_best_baseline"]["ci95"]) for c in COMPONENTS}
+    report["ratio_to_best_baseline_ci95"] = {
+        c: _low_high(summary[c]["ratio_to_best_baseline"]["ci95"]) for c in COMPONENTS
+    }
     report["ci_covers"] = ci_scope({"policy": 1})
     # The other-episodes gap as `policypipe compare` reports it (same bootstrap); the constant
     # image, which compare leaves out, by a paired bootstrap over the samples.
@@ -185,7 +210,8 @@ def evaluate(policy: DiffusionPolicy, store: Path, stats: dict[str, Any], config
         gaps["other_episodes"] = {"mean": gap["mean"]} | _low_high(gap["ci95"])
     constant_gap = executed[ABLATION_CONSTANT_IMAGE]["position_mm"] - executed["policy"]["position_mm"]
     gaps["constant_image"] = {"mean": float(constant_gap.mean())} | _low_high(
-        bootstrap_mean_ci(constant_gap, config.seed, config.bootstrap_resamples))
+        bootstrap_mean_ci(constant_gap, config.seed, config.bootstrap_resamples)
+    )
     report["camera_ablation_gap_position_mm"] = gaps
     report["spread_mm"] = _spread(policy, samples, config)
     report["omitted"] = omitted
@@ -198,17 +224,27 @@ def _low_high(ci: tuple[float, float] | list[float]) -> dict[str, float]:
 
 
 def _spread(policy: DiffusionPolicy, samples: Samples, config: EvalConfig) -> float:
-    picks = np.unique(np.linspace(0, len(samples) - 1, min(config.spread_observations, len(samples))).round().astype(int))
+    picks = np.unique(
+        np.linspace(0, len(samples) - 1, min(config.spread_observations, len(samples))).round().astype(int)
+    )
     spreads = []
     for i in picks:
-        repeated = {k: v[i : i + 1].expand(config.spread_samples, *v.shape[1:]).clone() for k, v in samples.batch.items()}
+        repeated = {
+            k: v[i : i + 1].expand(config.spread_samples, *v.shape[1:]).clone()
+            for k, v in samples.batch.items()
+        }
         draws = predict(policy, repeated, config.spread_samples, config.seed + 1 + int(i))
         spreads.append(mean_pairwise_distance_mm(draws, policy.config.n_action_steps))
     return float(np.mean(spreads))
 
 
-def compare_policies(side_a: list[DiffusionPolicy], side_b: list[DiffusionPolicy] | None, store: Path,
-                     stats: dict[str, Any], config: EvalConfig) -> dict[str, Any]:
+def compare_policies(
+    side_a: list[DiffusionPolicy],
+    side_b: list[DiffusionPolicy] | None,
+    store: Path,
+    stats: dict[str, Any],
+    config: EvalConfig,
+) -> dict[str, Any]:
     """Policies on the same validation samples, each side a list of seeds of one configuration.
 
     Per side and component: the policy's executed error, each baseline's, the ratio to the best
@@ -221,42 +257,61 @@ def compare_policies(side_a: list[DiffusionPolicy], side_b: list[DiffusionPolicy
     sides = {"A": side_a} | ({"B": side_b} if side_b else {})
     policies = [p for side in sides.values() for p in side]
     if len({(p.config.n_obs_steps, p.config.horizon) for p in policies}) > 1:
-        raise ValueError("the policies see different observation windows or horizons: their samples are not comparable")
+        raise ValueError(
+            "the policies see different observation windows or horizons: their samples are not comparable"
+        )
     for name, side in sides.items():
         if any(asdict(p.config) != asdict(side[0].config) for p in side):
-            raise ValueError(f"the policies of side {name} have different configurations; "
-                             "the seeds of one side must share one configuration")
+            raise ValueError(
+                f"the policies of side {name} have different configurations; "
+                "the seeds of one side must share one configuration"
+            )
     first = policies[0].config
     window = WindowConfig(first.n_obs_steps, first.horizon, min(p.config.n_action_steps for p in policies))
     samples = collect_samples(store, stats["split"]["val"], window, config.stride)
     recorded = samples.batch["action"].double().numpy()
     baselines, omitted = baseline_chunks(samples, store, stats, window)
-    baseline_errors = {b: executed_errors(chunk, recorded, window.n_action_steps) for b, chunk in baselines.items()}
+    baseline_errors = {
+        b: executed_errors(chunk, recorded, window.n_action_steps) for b, chunk in baselines.items()
+    }
     other = other_episode_images(samples, config.seed)
     if other is None:
         omitted[ABLATION_OTHER_EPISODES] = "needs at least 2 validation episodes"
 
     def stacked(side: list[DiffusionPolicy], images: torch.Tensor | None) -> dict[str, np.ndarray]:
         batch = samples.batch if images is None else samples.batch | {"obs_images": images}
-        per_seed = [executed_errors(predict(p, batch, config.batch_size, config.seed), recorded, window.n_action_steps)
-                    for p in side]
+        per_seed = [
+            executed_errors(
+                predict(p, batch, config.batch_size, config.seed), recorded, window.n_action_steps
+            )
+            for p in side
+        ]
         return {c: np.stack([e[c] for e in per_seed]) for c in COMPONENTS}  # (S, N)
 
     result: dict[str, Any] = {
-        "samples": len(samples), "episodes": len(set(samples.episodes.tolist())), "skipped_episodes": len(samples.skipped),
-        "n_action_steps": window.n_action_steps, "bootstrap_resamples": config.bootstrap_resamples,
-        "omitted": omitted, "sides": {},
+        "samples": len(samples),
+        "episodes": len(set(samples.episodes.tolist())),
+        "skipped_episodes": len(samples.skipped),
+        "n_action_steps": window.n_action_steps,
+        "bootstrap_resamples": config.bootstrap_resamples,
+        "omitted": omitted,
+        "sides": {},
     }
     errors = {}
     for name, side in sides.items():
         errors[name] = stacked(side, None)
         ablation = stacked(side, other) if other is not None else None
         result["sides"][name] = {
-            "seeds": len(side), "ci_covers": ci_scope({name: len(side)}),
-            "components": seeds_summary(errors[name], ablation, baseline_errors, config.seed, config.bootstrap_resamples),
+            "seeds": len(side),
+            "ci_covers": ci_scope({name: len(side)}),
+            "components": seeds_summary(
+                errors[name], ablation, baseline_errors, config.seed, config.bootstrap_resamples
+            ),
         }
     if "B" in sides:
-        result["b_minus_a"] = difference_summary(errors["A"], errors["B"], config.seed, config.bootstrap_resamples)
+        result["b_minus_a"] = difference_summary(
+            errors["A"], errors["B"], config.seed, config.bootstrap_resamples
+        )
         result["b_minus_a_ci_covers"] = ci_scope({name: len(side) for name, side in sides.items()})
     return result
 
@@ -274,23 +329,34 @@ def verdict(component: str, difference: dict[str, Any]) -> str:
 
 def comparison_table(result: dict[str, Any]) -> list[str]:
     """The readable form of `compare_policies`' result: one table per side, then B - A."""
-    lines = [f"{result['samples']} samples of {result['episodes']} validation episodes, error over the first "
-             f"{result['n_action_steps']} (executed) steps; [95% CI], {result['bootstrap_resamples']} bootstrap resamples"]
+    lines = [
+        f"{result['samples']} samples of {result['episodes']} validation episodes, error over the first "
+        f"{result['n_action_steps']} (executed) steps; [95% CI], "
+        f"{result['bootstrap_resamples']} bootstrap resamples"
+    ]
     lines += [f"  {name} omitted: {why}" for name, why in result["omitted"].items()]
     for name, side in result["sides"].items():
         components = side["components"]
         baselines = list(components[COMPONENTS[0]]["baselines"])
-        lines.append(f"\n{name}: {side['seeds']} seed{'s' * (side['seeds'] > 1)}; CIs cover {side['ci_covers']}")
-        lines.append(f"  {'':13s} {'policy':>22s} " + " ".join(f"{b:>18s}" for b in baselines)
-                     + f"  {'ratio to best baseline':>41s}  {'camera ablation gap':>24s}")
+        lines.append(
+            f"\n{name}: {side['seeds']} seed{'s' * (side['seeds'] > 1)}; CIs cover {side['ci_covers']}"
+        )
+        lines.append(
+            f"  {'':13s} {'policy':>22s} "
+            + " ".join(f"{b:>18s}" for b in baselines)
+            + f"  {'ratio to best baseline':>41s}  {'camera ablation gap':>24s}"
+        )
         for c in COMPONENTS:
             e = components[c]
             ratio = e.get("ratio_to_best_baseline")
             gap = e.get("camera_ablation_gap")
             lines.append(
-                f"  {c:13s} {_fmt(e['policy']):>22s} " + " ".join(f"{e['baselines'][b]['mean']:18.2f}" for b in baselines)
-                + "  " + (f"{_fmt(ratio)} {e['best_baseline']:>17s}" if ratio else "-").rjust(41)
-                + "  " + (_fmt(gap, "+") if gap else "-").rjust(24)
+                f"  {c:13s} {_fmt(e['policy']):>22s} "
+                + " ".join(f"{e['baselines'][b]['mean']:18.2f}" for b in baselines)
+                + "  "
+                + (f"{_fmt(ratio)} {e['best_baseline']:>17s}" if ratio else "-").rjust(41)
+                + "  "
+                + (_fmt(gap, "+") if gap else "-").rjust(24)
             )
     if "b_minus_a" in result:
         lines.append(f"\nB - A; CIs cover {result['b_minus_a_ci_covers']}")

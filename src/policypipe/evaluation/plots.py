@@ -23,12 +23,22 @@ LABELS = {
 }
 # Drawn over the recorded paths: the policy, what it does without its own frames, and the best
 # simple guess (colour, line style).
-PATHS = {"policy": ("tab:blue", "-"), "camera_ablation_other_episodes": ("tab:red", "-"),
-         "constant_velocity": ("tab:green", "--")}
+PATHS = {
+    "policy": ("tab:blue", "-"),
+    "camera_ablation_other_episodes": ("tab:red", "-"),
+    "constant_velocity": ("tab:green", "--"),
+}
 
 
-def write_eval_plots(store: Path, samples: Samples, chunks: dict[str, np.ndarray], per_step: list[dict],
-                     out_dir: Path, n_action_steps: int, episodes: int) -> list[Path]:
+def write_eval_plots(
+    store: Path,
+    samples: Samples,
+    chunks: dict[str, np.ndarray],
+    per_step: list[dict],
+    out_dir: Path,
+    n_action_steps: int,
+    episodes: int,
+) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     root = zarr.open_group(store, mode="r")
@@ -54,11 +64,26 @@ def write_eval_plots(store: Path, samples: Samples, chunks: dict[str, np.ndarray
                     continue
                 chunk = chunks[name][i]
                 world = pos[a] + chunk[:, :3] @ rot[a].T  # relative positions back to the world frame
-                top.plot(world[:n_action_steps, 0], world[:n_action_steps, 1], color=color, ls=style, lw=1, alpha=0.8)
-                t = stamps[a] + WindowConfig(horizon=len(chunk), n_action_steps=n_action_steps).action_offsets(frequency)
+                top.plot(
+                    world[:n_action_steps, 0],
+                    world[:n_action_steps, 1],
+                    color=color,
+                    ls=style,
+                    lw=1,
+                    alpha=0.8,
+                )
+                t = stamps[a] + WindowConfig(
+                    horizon=len(chunk), n_action_steps=n_action_steps
+                ).action_offsets(frequency)
                 # Action widths are changes from the anchor's width.
-                bottom.plot(t[:n_action_steps], 1000 * (width[a] + chunk[:n_action_steps, 9]), color=color, ls=style,
-                            lw=1, alpha=0.8)
+                bottom.plot(
+                    t[:n_action_steps],
+                    1000 * (width[a] + chunk[:n_action_steps, 9]),
+                    color=color,
+                    ls=style,
+                    lw=1,
+                    alpha=0.8,
+                )
         top.set(title=f"episode {e}: top-down (m)", xlabel="x", ylabel="y")
         top.set_aspect("equal", adjustable="datalim")
         bottom.set(xlabel="time in episode (s)", ylabel="gripper width (mm)")
@@ -75,8 +100,11 @@ def write_eval_plots(store: Path, samples: Samples, chunks: dict[str, np.ndarray
         if name in per_step[0]:
             ax.plot(steps, [row[name] for row in per_step], marker="o", ms=3, label=LABELS[name])
     ax.axvline(n_action_steps + 0.5, color="0.7", ls="--", lw=1)
-    ax.set(xlabel="horizon step", ylabel="position error (mm)", title="error along the horizon (dashed: executed)")
+    ax.set(
+        xlabel="horizon step",
+        ylabel="position error (mm)",
+        title="error along the horizon (dashed: executed)",
+    )
     ax.legend(fontsize=8)
     written.append(save_png(fig, out_dir / "error_vs_horizon.png", dpi=100))
     return written
-

@@ -108,4 +108,6 @@ def module_code_sha256(module: str, source_root: Path = SOURCE_ROOT) -> str:
     entry = module_path(module, source_root)
     if entry is None:
         raise ValueError(f"{module} is not a module under {source_root}")
-    return tree_digest({p.relative_to(source_root).as_posix(): sha256_file(p) for p in import_closure([entry], source_root)})
+    return tree_digest(
+        {p.relative_to(source_root).as_posix(): sha256_file(p) for p in import_closure([entry], source_root)}
+    )

@@ -134,12 +134,15 @@ def git_state(root: Path, stage: str | None = None) -> dict[str, Any]:
     else:
         decisive, sections = definition
         dirty_files = (
-            _status_paths(root, decisive) + _params_sections_changed(root, sections)
+            _status_paths(root, decisive)
+            + _params_sections_changed(root, sections)
             + _stage_definition_changed(root, stage)
         )
     diff = (command_output(["git", "diff", "HEAD", "--binary", "--", *(decisive or [])], root) or "").encode()
     # `git diff` leaves out files git does not track yet: their content counts too.
-    untracked = command_output(["git", "ls-files", "--others", "--exclude-standard", "-z", "--", *(decisive or [])], root)
+    untracked = command_output(
+        ["git", "ls-files", "--others", "--exclude-standard", "-z", "--", *(decisive or [])], root
+    )
     for rel in sorted(filter(None, (untracked or "").split("\0"))):
         if (root / rel).is_file():
             diff += b"\0untracked " + rel.encode() + b"\0" + (root / rel).read_bytes()
@@ -175,7 +178,11 @@ def installed_packages() -> dict[str, str]:
 def environment_state(root: Path) -> dict[str, Any]:
     installed = installed_packages()
     lock_path = root / LOCK_FILE
-    state: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable, "installed": installed}
+    state: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "installed": installed,
+    }
     if not lock_path.is_file():
         state["lock"] = None
         return state
@@ -219,10 +226,14 @@ def _nvidia_smi() -> list[dict[str, str]]:
     if shutil.which("nvidia-smi") is None:
         return []
     fields = ["index", "name", "memory.total", "driver_version", "uuid"]
-    out = command_output(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"], Path.cwd())
+    out = command_output(
+        ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"], Path.cwd()
+    )
     if not out:
         return []
-    return [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in out.splitlines() if line.strip()]
+    return [
+        dict(zip(fields, (v.strip() for v in line.split(",")))) for line in out.splitlines() if line.strip()
+    ]
 
 
 def host_state() -> dict[str, Any]:

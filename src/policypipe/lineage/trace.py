@@ -39,7 +39,11 @@ class Run:
     found_in: str  # "working tree" or "commit <sha>"
 
     def summary(self) -> dict[str, Any]:
-        git, host, acc = self.record.get("git", {}), self.record.get("host", {}), self.record.get("accelerator", {})
+        git, host, acc = (
+            self.record.get("git", {}),
+            self.record.get("host", {}),
+            self.record.get("accelerator", {}),
+        )
         gpus = acc.get("gpus") or []
         return {
             "stage": self.stage,
@@ -146,7 +150,13 @@ def trace(target: Path, root: Path) -> dict[str, Any]:
             fingerprint = _dataset_fingerprint(target)
         else:
             fingerprint = _training_links(target, kind, records, chain)
-        chain.append({"what": "dataset", "fingerprint": fingerprint, **({"path": target.as_posix()} if kind == "dataset" else {})})
+        chain.append(
+            {
+                "what": "dataset",
+                "fingerprint": fingerprint,
+                **({"path": target.as_posix()} if kind == "dataset" else {}),
+            }
+        )
         manifest_sha = _convert_links(fingerprint, records, chain)
     if manifest_sha is not None:
         manifest = target if kind == "manifest" else root / MANIFEST
@@ -160,7 +170,9 @@ def _dataset_fingerprint(store: Path) -> str:
     try:
         return fingerprint(store).digest
     except UnreadableArray as exc:
-        raise LineageError(f"{store}: {exc}; `policypipe verify {store}` says more, `dvc pull` restores it") from exc
+        raise LineageError(
+            f"{store}: {exc}; `policypipe verify {store}` says more, `dvc pull` restores it"
+        ) from exc
 
 
 def _training_links(target: Path, kind: str, records: Records, chain: list[dict[str, Any]]) -> str | None:
@@ -168,19 +180,29 @@ def _training_links(target: Path, kind: str, records: Records, chain: list[dict[
     if kind == "policy":
         meta = _read_json(target / "manifest.json").get("lineage", {})
         digest = sha256_path(target)
-        chain.append({"what": "policy", "path": target.as_posix(), "sha256": digest, "steps": meta.get("steps")})
+        chain.append(
+            {"what": "policy", "path": target.as_posix(), "sha256": digest, "steps": meta.get("steps")}
+        )
         run = records.find("train", wrote=digest)
-        missing = f"no train record wrote this policy (sha256 {digest}): it was made outside this repository's runs"
+        missing = (
+            f"no train record wrote this policy (sha256 {digest}): it was made outside this repository's runs"
+        )
     else:
         meta = _read_json(target / "trainer.json")
         chain.append({"what": "checkpoint", "path": target.as_posix(), "step": meta.get("step")})
         # A checkpoint is not a stage output: its run is the one that read the same inputs.
-        run = records.find("train", read={"dataset": meta.get("dataset_fingerprint"), "stats": meta.get("stats_sha256")})
+        run = records.find(
+            "train", read={"dataset": meta.get("dataset_fingerprint"), "stats": meta.get("stats_sha256")}
+        )
         missing = "no train record read this checkpoint's dataset and statistics"
     chain.append(_run_link("train", run, missing))
     stats_sha = meta.get("stats_sha256")
     chain.append({"what": "statistics", "sha256": stats_sha})
-    chain.append(_run_link("stats", records.find("stats", wrote=stats_sha), f"no stats record wrote statistics {stats_sha}"))
+    chain.append(
+        _run_link(
+            "stats", records.find("stats", wrote=stats_sha), f"no stats record wrote statistics {stats_sha}"
+        )
+    )
     return meta.get("dataset_fingerprint")
 
 
@@ -194,22 +216,46 @@ def _convert_links(fingerprint: str | None, records: Records, chain: list[dict[s
     return next((digest for path, digest in inputs.items() if Path(path).name == MANIFEST.name), None)
 
 
-def _recording_links(manifest: Path, shown_as: Path, manifest_sha: str, records: Records, chain: list[dict[str, Any]]) -> None:
+def _recording_links(
+    manifest: Path, shown_as: Path, manifest_sha: str, records: Records, chain: list[dict[str, Any]]
+) -> None:
     """Manifest <- pair run <- every recording file's SHA-256 (from the manifest, if it is this one)."""
     chain.append({"what": "manifest", "path": shown_as.as_posix(), "sha256": manifest_sha})
-    chain.append(_run_link("pair", records.find("pair", wrote=manifest_sha), f"no pair record wrote manifest {manifest_sha}"))
+    chain.append(
+        _run_link(
+            "pair", records.find("pair", wrote=manifest_sha), f"no pair record wrote manifest {manifest_sha}"
+        )
+    )
     have = sha256_file(manifest) if manifest.is_file() else None
     if have != manifest_sha:
-        chain.append({"what": "recordings", "missing": (
-            f"{shown_as} is {'absent' if have is None else 'another manifest'}: check out the commit of the pair "
-            f"run above and `dvc pull {MANIFEST}` to list the recordings"
-        )})
+        chain.append(
+            {
+                "what": "recordings",
+                "missing": (
+                    f"{shown_as} is {'absent' if have is None else 'another manifest'}: "
+                    "check out the commit of the pair "
+                    f"run above and `dvc pull {MANIFEST}` to list the recordings"
+                ),
+            }
+        )
         return
     recordings = _read_json(manifest)["recordings"]
-    chain.append({"what": "recordings", "count": len(recordings), "recordings": [
-        {"stem": r["stem"], "files": {role: {"path": f["path"], "sha256": f["sha256"]} for role, f in sorted(r["files"].items())}}
-        for r in recordings
-    ]})
+    chain.append(
+        {
+            "what": "recordings",
+            "count": len(recordings),
+            "recordings": [
+                {
+                    "stem": r["stem"],
+                    "files": {
+                        role: {"path": f["path"], "sha256": f["sha256"]}
+                        for role, f in sorted(r["files"].items())
+                    },
+                }
+                for r in recordings
+            ],
+        }
+    )
 
 
 def _run_link(stage: str, run: Run | None, missing: str) -> dict[str, Any]:

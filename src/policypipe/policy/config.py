@@ -68,7 +68,9 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         if not 1 <= self.n_action_steps <= self.horizon:
-            raise ValueError(f"n_action_steps must be in 1..horizon ({self.horizon}), got {self.n_action_steps}")
+            raise ValueError(
+                f"n_action_steps must be in 1..horizon ({self.horizon}), got {self.n_action_steps}"
+            )
         # Params files reach this through `training.loop.train_config_from_params`, which says the
         # same in terms of the `policy` section, where the horizon is set; this guards every other
         # way of building a config (tests, a loaded policy).
@@ -76,11 +78,15 @@ class PolicyConfig:
             raise ValueError(f"down_dims must list at least one positive width, got {list(self.down_dims)}")
         multiple = unet_horizon_multiple(self.down_dims)
         if self.horizon % multiple:
-            raise ValueError(f"horizon {self.horizon} must be a multiple of {multiple} for the U-Net "
-                             f"({len(self.down_dims)} down_dims levels)")
+            raise ValueError(
+                f"horizon {self.horizon} must be a multiple of {multiple} for the U-Net "
+                f"({len(self.down_dims)} down_dims levels)"
+            )
         if any(c < 1 for c in self.crop_size) or any(c > s for c, s in zip(self.crop_size, self.image_size)):
-            raise ValueError(f"crop_size {list(self.crop_size)} must be at least 1 and at most image_size "
-                             f"{list(self.image_size)} in each dimension (width, height)")
+            raise ValueError(
+                f"crop_size {list(self.crop_size)} must be at least 1 and at most image_size "
+                f"{list(self.image_size)} in each dimension (width, height)"
+            )
         if any(w % 16 for w in self.encoder_widths):
             raise ValueError("encoder_widths must be multiples of 16 (GroupNorm uses 16 channels a group)")
         if self.num_keypoints < 1:
@@ -88,15 +94,21 @@ class PolicyConfig:
         feature_map = encoder_feature_map_size(self.crop_size, self.encoder_widths)
         if feature_map == (1, 1):
             # A softmax over one position is 1 whatever the image: every keypoint would be constant.
-            raise ValueError(f"the spatial-softmax keypoints need a feature map larger than 1x1: crop_size "
-                             f"{list(self.crop_size)} with {len(self.encoder_widths)} encoder_widths stages gives 1x1 "
-                             "(each stage after the first halves it); use a larger crop or fewer stages")
+            raise ValueError(
+                f"the spatial-softmax keypoints need a feature map larger than 1x1: crop_size "
+                f"{list(self.crop_size)} with {len(self.encoder_widths)} encoder_widths stages gives 1x1 "
+                "(each stage after the first halves it); use a larger crop or fewer stages"
+            )
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
         if self.timestep_spacing not in TIMESTEP_SPACINGS:
-            raise ValueError(f"timestep_spacing must be one of {TIMESTEP_SPACINGS}, got {self.timestep_spacing!r}")
+            raise ValueError(
+                f"timestep_spacing must be one of {TIMESTEP_SPACINGS}, got {self.timestep_spacing!r}"
+            )
         if self.prediction_type not in PREDICTION_TYPES:
-            raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {self.prediction_type!r}")
+            raise ValueError(
+                f"prediction_type must be one of {PREDICTION_TYPES}, got {self.prediction_type!r}"
+            )
         if not 1 <= self.num_inference_steps <= self.num_train_timesteps:
             raise ValueError("num_inference_steps must be in 1..num_train_timesteps")
         if self.timestep_spacing == "trailing" and self.num_train_timesteps % self.num_inference_steps:
@@ -104,5 +116,7 @@ class PolicyConfig:
             near = sorted(divisors, key=lambda d: abs(d - self.num_inference_steps))[:3]
             raise ValueError(
                 f"num_inference_steps {self.num_inference_steps} must divide num_train_timesteps "
-                f"{self.num_train_timesteps} with timestep_spacing trailing (DDIM would sample at the wrong noise "
-                f"level): use {', '.join(map(str, sorted(near)))}, or timestep_spacing leading")
+                f"{self.num_train_timesteps} with timestep_spacing trailing "
+                "(DDIM would sample at the wrong noise "
+                f"level): use {', '.join(map(str, sorted(near)))}, or timestep_spacing leading"
+            )

@@ -29,7 +29,6 @@ from policypipe.policy.normalizer import ImageNormalizer, LowDimNormalizer
 from policypipe.policy.unet import ConditionalUnet1D
 
 
-
 class DiffusionPolicy(nn.Module):
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__()
@@ -39,15 +38,19 @@ class DiffusionPolicy(nn.Module):
         self.width_normalizer = LowDimNormalizer(1, config.normalization)
         action_dims = config.horizon * ACTION_DIM if config.normalize_actions_per_step else ACTION_DIM
         self.action_normalizer = LowDimNormalizer(action_dims, config.normalization)
-        self.encoder = ImageEncoder(
-            config.encoder_widths, config.image_feature_dim, config.num_keypoints
-        )
+        self.encoder = ImageEncoder(config.encoder_widths, config.image_feature_dim, config.num_keypoints)
         cond_dim = config.n_obs_steps * (config.image_feature_dim + POSE_DIM + 1)
         self.denoiser = ConditionalUnet1D(
-            ACTION_DIM, cond_dim, config.down_dims, config.diffusion_step_embed_dim, config.kernel_size, config.n_groups
+            ACTION_DIM,
+            cond_dim,
+            config.down_dims,
+            config.diffusion_step_embed_dim,
+            config.kernel_size,
+            config.n_groups,
         )
         schedule = dict(
-            num_train_timesteps=config.num_train_timesteps, beta_schedule=config.beta_schedule,
+            num_train_timesteps=config.num_train_timesteps,
+            beta_schedule=config.beta_schedule,
             prediction_type=config.prediction_type,
         )
         # Training only noises chunks (add_noise) and reads the velocity target (get_velocity);
@@ -57,8 +60,11 @@ class DiffusionPolicy(nn.Module):
         # of the clean chunk there (the reference's setting); standardised ones are not bounded.
         # set_alpha_to_one: the last step, whatever the spacing, returns that clipped estimate.
         self.inference_scheduler = DDIMScheduler(
-            **schedule, clip_sample=config.normalization == "min_max", clip_sample_range=1.0,
-            set_alpha_to_one=True, timestep_spacing=config.timestep_spacing,
+            **schedule,
+            clip_sample=config.normalization == "min_max",
+            clip_sample_range=1.0,
+            set_alpha_to_one=True,
+            timestep_spacing=config.timestep_spacing,
         )
 
     def fit_normalizers(self, stats: dict[str, Any]) -> None:
@@ -67,8 +73,10 @@ class DiffusionPolicy(nn.Module):
         self.width_normalizer.fit(stats["lowdim"]["obs.gripper_width"])
         if self.config.normalize_actions_per_step:
             if "action_per_step" not in stats["lowdim"]:
-                raise ValueError("the statistics have no per-step action entry (made by an older stats stage): "
-                                 "rerun `dvc repro stats`")
+                raise ValueError(
+                    "the statistics have no per-step action entry (made by an older stats stage): "
+                    "rerun `dvc repro stats`"
+                )
             self.action_normalizer.fit(stats["lowdim"]["action_per_step"])
         else:
             self.action_normalizer.fit(stats["lowdim"]["action"])
@@ -86,7 +94,9 @@ class DiffusionPolicy(nn.Module):
         y, x = (h - ch) // 2, (w - cw) // 2
         return images[:, :, y : y + ch, x : x + cw]
 
-    def condition(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
+    def condition(
+        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """(B, O * (F + 10)): image features and normalised low-dimensional state per obs step."""
         images = batch["obs_images"]
         b, o = images.shape[:2]
@@ -96,12 +106,16 @@ class DiffusionPolicy(nn.Module):
         width = self.width_normalizer.normalize(batch["obs_width"])
         return torch.cat([features, pose, width], dim=-1).flatten(1)
 
-    def compute_loss(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
+    def compute_loss(
+        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         cond = self.condition(batch, generator)
         actions = self.normalize_actions(batch["action"])
         device = actions.device
         noise = torch.randn(actions.shape, generator=generator, device="cpu").to(device)
-        steps = torch.randint(0, self.config.num_train_timesteps, (len(actions),), generator=generator, device="cpu").to(device)
+        steps = torch.randint(
+            0, self.config.num_train_timesteps, (len(actions),), generator=generator, device="cpu"
+        ).to(device)
         noisy = self.train_scheduler.add_noise(actions, noise, steps)
         return F.mse_loss(self.denoiser(noisy, steps, cond), self._target(actions, noise, steps))
 
@@ -113,16 +127,22 @@ class DiffusionPolicy(nn.Module):
             return actions
         return self.train_scheduler.get_velocity(actions, noise, steps)
 
-    def forward(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
+    def forward(
+        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """The training loss: calling the module (not a method) lets DDP and autocast wrap it."""
         return self.compute_loss(batch, generator)
 
     @torch.no_grad()
-    def predict_action(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
+    def predict_action(
+        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """(B, horizon, 10) actions in the dataset's units; the first n_action_steps are executed."""
         cond = self.condition(batch)
         b = cond.shape[0]
-        sample = torch.randn((b, self.config.horizon, ACTION_DIM), generator=generator, device="cpu").to(cond.device)
+        sample = torch.randn((b, self.config.horizon, ACTION_DIM), generator=generator, device="cpu").to(
+            cond.device
+        )
         scheduler = self.inference_scheduler
         scheduler.set_timesteps(self.config.num_inference_steps)
         for t in scheduler.timesteps:

@@ -39,10 +39,14 @@ def load_policy(folder: Path) -> DiffusionPolicy:
     # normalization), not how this one was trained.
     names = {f.name for f in fields(PolicyConfig)}
     missing, unknown = sorted(names - raw.keys()), sorted(raw.keys() - names)
-    problems = ([f"lacks {', '.join(missing)}"] if missing else []) + ([f"has unknown {', '.join(unknown)}"] if unknown else [])
+    problems = ([f"lacks {', '.join(missing)}"] if missing else []) + (
+        [f"has unknown {', '.join(unknown)}"] if unknown else []
+    )
     if problems:
-        raise ValueError(f"policy {folder} was saved by another version of policypipe (its config.json "
-                         f"{' and '.join(problems)}): train it again with this version")
+        raise ValueError(
+            f"policy {folder} was saved by another version of policypipe (its config.json "
+            f"{' and '.join(problems)}): train it again with this version"
+        )
     tuples = {f.name for f in fields(PolicyConfig) if "tuple" in str(f.type)}
     config = PolicyConfig(**{k: tuple(v) if k in tuples else v for k, v in raw.items()})
     policy = DiffusionPolicy(config)
@@ -59,8 +63,10 @@ def with_sampling(policy: DiffusionPolicy, **changes: Any) -> DiffusionPolicy:
     on trained policies without training again."""
     unknown = sorted(set(changes) - set(SAMPLING_FIELDS))
     if unknown:
-        raise ValueError(f"{', '.join(unknown)} changes what the policy learned, not how it samples; "
-                         f"only {', '.join(SAMPLING_FIELDS)} can be changed after training")
+        raise ValueError(
+            f"{', '.join(unknown)} changes what the policy learned, not how it samples; "
+            f"only {', '.join(SAMPLING_FIELDS)} can be changed after training"
+        )
     other = DiffusionPolicy(replace(policy.config, **changes))
     other.load_state_dict(policy.state_dict())
     return other.eval()
@@ -72,6 +78,9 @@ def require_trained_with(folder: Path, stats_sha256: str, stats_path: Path) -> N
     recorded = json.loads((Path(folder) / "manifest.json").read_text()).get("lineage", {}).get("stats_sha256")
     if recorded != stats_sha256:
         raise ValueError(
-            f"policy {folder} was trained with statistics sha256 {str(recorded)[:12]}..., not with {stats_path} "
-            f"({stats_sha256[:12]}...): its validation episodes may not be held out for it; pass the statistics it "
-            "was trained with (--stats), or train it again on these (`dvc repro`)")
+            f"policy {folder} was trained with statistics sha256 {str(recorded)[:12]}..., "
+            f"not with {stats_path} "
+            f"({stats_sha256[:12]}...): its validation episodes may not be held out for it; "
+            "pass the statistics it "
+            "was trained with (--stats), or train it again on these (`dvc repro`)"
+        )

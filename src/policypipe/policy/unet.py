@@ -27,7 +27,9 @@ class SinusoidalEmbedding(nn.Module):
 
 class Conv1dBlock(nn.Sequential):
     def __init__(self, c_in: int, c_out: int, kernel: int, groups: int) -> None:
-        super().__init__(nn.Conv1d(c_in, c_out, kernel, padding=kernel // 2), nn.GroupNorm(groups, c_out), nn.Mish())
+        super().__init__(
+            nn.Conv1d(c_in, c_out, kernel, padding=kernel // 2), nn.GroupNorm(groups, c_out), nn.Mish()
+        )
 
 
 class FiLMResidualBlock(nn.Module):
@@ -45,33 +47,58 @@ class FiLMResidualBlock(nn.Module):
 
 
 class ConditionalUnet1D(nn.Module):
-    def __init__(self, action_dim: int, cond_dim: int, down_dims: tuple[int, ...], step_dim: int, kernel: int, groups: int) -> None:
+    def __init__(
+        self,
+        action_dim: int,
+        cond_dim: int,
+        down_dims: tuple[int, ...],
+        step_dim: int,
+        kernel: int,
+        groups: int,
+    ) -> None:
         super().__init__()
         self.step_embedding = nn.Sequential(
-            SinusoidalEmbedding(step_dim), nn.Linear(step_dim, 4 * step_dim), nn.Mish(), nn.Linear(4 * step_dim, step_dim)
+            SinusoidalEmbedding(step_dim),
+            nn.Linear(step_dim, 4 * step_dim),
+            nn.Mish(),
+            nn.Linear(4 * step_dim, step_dim),
         )
         c = step_dim + cond_dim
         dims = [action_dim, *down_dims]
         self.down = nn.ModuleList()
         for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:])):
             last = i == len(dims) - 2
-            self.down.append(nn.ModuleList([
-                FiLMResidualBlock(d_in, d_out, c, kernel, groups),
-                FiLMResidualBlock(d_out, d_out, c, kernel, groups),
-                nn.Conv1d(d_out, d_out, 3, 2, 1) if not last else nn.Identity(),
-            ]))
+            self.down.append(
+                nn.ModuleList(
+                    [
+                        FiLMResidualBlock(d_in, d_out, c, kernel, groups),
+                        FiLMResidualBlock(d_out, d_out, c, kernel, groups),
+                        nn.Conv1d(d_out, d_out, 3, 2, 1) if not last else nn.Identity(),
+                    ]
+                )
+            )
         mid = down_dims[-1]
-        self.mid = nn.ModuleList([FiLMResidualBlock(mid, mid, c, kernel, groups), FiLMResidualBlock(mid, mid, c, kernel, groups)])
+        self.mid = nn.ModuleList(
+            [FiLMResidualBlock(mid, mid, c, kernel, groups), FiLMResidualBlock(mid, mid, c, kernel, groups)]
+        )
         self.up = nn.ModuleList()
-        for i, (d_out, d_in) in enumerate(zip(reversed(down_dims[:-1]), reversed(down_dims[1:]))):
-            self.up.append(nn.ModuleList([
-                FiLMResidualBlock(2 * d_in, d_out, c, kernel, groups),
-                FiLMResidualBlock(d_out, d_out, c, kernel, groups),
-                nn.ConvTranspose1d(d_out, d_out, 4, 2, 1),
-            ]))
-        self.final = nn.Sequential(Conv1dBlock(down_dims[0], down_dims[0], kernel, groups), nn.Conv1d(down_dims[0], action_dim, 1))
+        for _i, (d_out, d_in) in enumerate(zip(reversed(down_dims[:-1]), reversed(down_dims[1:]))):
+            self.up.append(
+                nn.ModuleList(
+                    [
+                        FiLMResidualBlock(2 * d_in, d_out, c, kernel, groups),
+                        FiLMResidualBlock(d_out, d_out, c, kernel, groups),
+                        nn.ConvTranspose1d(d_out, d_out, 4, 2, 1),
+                    ]
+                )
+            )
+        self.final = nn.Sequential(
+            Conv1dBlock(down_dims[0], down_dims[0], kernel, groups), nn.Conv1d(down_dims[0], action_dim, 1)
+        )
 
-    def forward(self, sample: torch.Tensor, timestep: torch.Tensor, global_cond: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, sample: torch.Tensor, timestep: torch.Tensor, global_cond: torch.Tensor
+    ) -> torch.Tensor:
         """sample (B, T, A), timestep (B,), global_cond (B, C) -> predicted noise (B, T, A)."""
         x = sample.transpose(1, 2)
         cond = torch.cat([self.step_embedding(timestep), global_cond], dim=-1)

@@ -62,7 +62,9 @@ class ConvertConfig:
     def __post_init__(self) -> None:
         w, h = self.image_size
         if not (8 <= w <= 4096 and 8 <= h <= 4096):
-            raise ValueError(f"image_size must be [width, height] between 8 and 4096, got {list(self.image_size)}")
+            raise ValueError(
+                f"image_size must be [width, height] between 8 and 4096, got {list(self.image_size)}"
+            )
         if not 50 <= self.jpeg_quality <= 100:
             raise ValueError(f"jpeg_quality must be 50..100, got {self.jpeg_quality}")
         if self.resample_hz is not None and not 0 < self.resample_hz <= 1000:
@@ -300,7 +302,10 @@ def nearest_sample(times: np.ndarray, query: np.ndarray) -> np.ndarray:
 def covering(times: np.ndarray, lo: int, hi: int) -> slice:
     """The samples of sorted `times` from the last one at or before `lo` to the first one at or
     after `hi`: interpolation anywhere in [lo, hi] needs these and no others."""
-    return slice(max(int(np.searchsorted(times, lo, side="right")) - 1, 0), int(np.searchsorted(times, hi, side="left")) + 1)
+    return slice(
+        max(int(np.searchsorted(times, lo, side="right")) - 1, 0),
+        int(np.searchsorted(times, hi, side="left")) + 1,
+    )
 
 
 def clean_pose_span(
@@ -317,7 +322,11 @@ def clean_pose_span(
     t, p, q = t[keep], p[keep], q[keep]
 
     norm = np.linalg.norm(q, axis=1)
-    valid = np.isfinite(p).all(axis=1) & np.isfinite(q).all(axis=1) & (np.abs(norm - 1) <= config.quaternion_norm_tolerance)
+    valid = (
+        np.isfinite(p).all(axis=1)
+        & np.isfinite(q).all(axis=1)
+        & (np.abs(norm - 1) <= config.quaternion_norm_tolerance)
+    )
     q = np.where(valid[:, None], q / np.where(norm > 0, norm, 1)[:, None], q)
 
     # An edge between consecutive samples is broken if either end is invalid or the motion
@@ -327,7 +336,12 @@ def clean_pose_span(
     dot = np.abs(np.sum(q[1:] * q[:-1], axis=1)).clip(0, 1)
     angular = np.degrees(2 * np.arccos(dot)) / dt
     with np.errstate(invalid="ignore"):
-        good_edge = valid[1:] & valid[:-1] & (speed <= config.max_speed_m_s) & (angular <= config.max_angular_speed_deg_s)
+        good_edge = (
+            valid[1:]
+            & valid[:-1]
+            & (speed <= config.max_speed_m_s)
+            & (angular <= config.max_angular_speed_deg_s)
+        )
     problems = int((~valid).sum() + (valid[1:] & valid[:-1] & ~good_edge).sum())
 
     # Longest run of valid samples joined by good edges, by duration (earliest on a tie).
@@ -372,11 +386,14 @@ def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
         # packet before them (and the hole they leave is counted as camera gaps, like a drop).
         warnings.append(
             f"{reasons[REFERENCE_LOST]} H.264 frames dropped: they reference a lost or undecodable packet "
-            "(a frame_num gap in the bitstream, or before the first keyframe); kept again from the next keyframe"
+            "(a frame_num gap in the bitstream, or before the first keyframe); "
+            "kept again from the next keyframe"
         )
     out_of_order = int((np.diff(camera_ns) <= 0).sum())
     if out_of_order:
-        warnings.append(f"{out_of_order} camera timestamps not increasing in file order: sorted by capture time")
+        warnings.append(
+            f"{out_of_order} camera timestamps not increasing in file order: sorted by capture time"
+        )
 
     usable = decoded.usable
     order = np.argsort(camera_ns, kind="stable")
@@ -387,7 +404,9 @@ def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
         dropped["duplicate_timestamp"] += int((~unique).sum())
     order, t_cam = order[unique], t_cam[unique]
 
-    span, problems, pose_t, pos, quat = clean_pose_span(streams.pose_ns, streams.position, streams.quaternion, config)
+    span, problems, pose_t, pos, quat = clean_pose_span(
+        streams.pose_ns, streams.position, streams.quaternion, config
+    )
     if problems:
         if config.on_tracking_loss == "exclude" or span.stop - span.start < 2:
             raise RecordingError(

@@ -296,7 +296,9 @@ class SliceHeader:
 _INTRA_SLICE_TYPES = frozenset({2, 4, 7, 9})  # I, SI
 
 
-def parse_slice_header(nal: memoryview | bytes, pps: Mapping[int, Pps], sps: Mapping[int, Sps]) -> SliceHeader:
+def parse_slice_header(
+    nal: memoryview | bytes, pps: Mapping[int, Pps], sps: Mapping[int, Sps]
+) -> SliceHeader:
     """The header of a slice NAL unit, read with the parameter sets known so far.
 
     Raises MissingParameterSet when its PPS, or that PPS's SPS, is unknown, BitstreamError when
@@ -316,13 +318,18 @@ def parse_slice_header(nal: memoryview | bytes, pps: Mapping[int, Pps], sps: Map
         raise MissingParameterSet(f"PPS {pps_id} refers to SPS {sps_id}, which has not been seen")
     active = sps[sps_id]
     if first_mb_in_slice >= active.frame_size_in_mbs:
-        raise BitstreamError(f"first_mb_in_slice={first_mb_in_slice} lies outside a {active.frame_size_in_mbs}-macroblock picture")
+        raise BitstreamError(
+            f"first_mb_in_slice={first_mb_in_slice} lies outside a "
+            f"{active.frame_size_in_mbs}-macroblock picture"
+        )
     colour_plane_id = bits.u(2) if active.separate_colour_plane else None
     frame_num = bits.u(active.log2_max_frame_num)
     if nal_unit_type == NAL_IDR_SLICE:
         # An IDR picture is intra, a reference, and restarts frame_num (7.4.1.2.4, 7.4.3).
         if nal_ref_idc == 0 or frame_num != 0 or slice_type not in _INTRA_SLICE_TYPES:
-            raise BitstreamError(f"IDR slice with nal_ref_idc={nal_ref_idc}, frame_num={frame_num}, slice_type={slice_type}")
+            raise BitstreamError(
+                f"IDR slice with nal_ref_idc={nal_ref_idc}, frame_num={frame_num}, slice_type={slice_type}"
+            )
     return SliceHeader(
         nal_ref_idc=nal_ref_idc,
         nal_unit_type=nal_unit_type,
@@ -352,7 +359,9 @@ def is_idr(packet: bytes) -> bool:
 
 class Verdict(enum.Enum):
     INTACT = "intact"  # a picture whose references all reached the decoder
-    BROKEN = "broken"  # a picture after a lost reference picture, before the first IDR, or without parameter sets
+    BROKEN = (
+        "broken"  # a picture after a lost reference picture, before the first IDR, or without parameter sets
+    )
     UNREADABLE = "unreadable"  # empty, or bytes that are not the H.264 they claim to be: treat as lost
     NO_PICTURE = "no_picture"  # readable, but without a slice (e.g. only SPS/PPS/SEI)
 

@@ -108,5 +108,8 @@ def mcap_state(path: Path) -> tuple[McapState, str]:
         and int.from_bytes(footer[1:9], "little") == _FOOTER_LENGTH
     )
     if not complete:
-        return McapState.TRUNCATED, "truncated: no MCAP footer at the end (the copy or the writer stopped early)"
+        return (
+            McapState.TRUNCATED,
+            "truncated: no MCAP footer at the end (the copy or the writer stopped early)",
+        )
     return McapState.COMPLETE, "complete"

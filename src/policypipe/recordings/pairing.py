@@ -176,12 +176,18 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
         try:
             if not stat.S_ISREG(os.stat(path).st_mode):
                 # A named pipe would block the first read forever; a device is no recording.
-                rejections.append(Rejection(_rel(path, root), Reason.UNREADABLE, "not a regular file (a pipe, socket or device)"))
+                rejections.append(
+                    Rejection(
+                        _rel(path, root), Reason.UNREADABLE, "not a regular file (a pipe, socket or device)"
+                    )
+                )
                 continue
             with open(path, "rb"):
                 readable.append(path)
         except OSError as exc:
-            rejections.append(Rejection(_rel(path, root), Reason.UNREADABLE, f"cannot be read: {exc.strerror}"))
+            rejections.append(
+                Rejection(_rel(path, root), Reason.UNREADABLE, f"cannot be read: {exc.strerror}")
+            )
     workers = config.hash_workers or None
     digests = sha256_files(readable, workers=workers)
     export_sha256 = tree_digest({_rel(p, root): d for p, d in digests.items()})
@@ -201,14 +207,19 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
         folders = by_stem[stem]
         if len(folders) > 1:
             where = " and ".join(f"{f}/" for f in sorted(folders))
-            detail = f"stem {stem!r} appears in {where}: stems must be unique across the export; rename or remove one"
+            detail = f"stem {stem!r} appears in {where}: "
+            "stems must be unique across the export; rename or remove one"
             for files in folders.values():
-                rejections.extend(Rejection(_rel(p, root), Reason.DUPLICATE_STEM, detail) for p in files.values())
+                rejections.extend(
+                    Rejection(_rel(p, root), Reason.DUPLICATE_STEM, detail) for p in files.values()
+                )
             continue
-        (folder, files), = folders.items()
+        ((folder, files),) = folders.items()
         outcome = _check_recording(root, stem, files, config)
         if isinstance(outcome, _Rejected):
-            rejections.extend(Rejection(_rel(p, root), outcome.reason, outcome.detail) for p in files.values())
+            rejections.extend(
+                Rejection(_rel(p, root), outcome.reason, outcome.detail) for p in files.values()
+            )
             continue
         entries = {
             role: FileEntry(_rel(files[role], root), files[role].stat().st_size, digests[files[role]])
@@ -229,7 +240,12 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
     )
 
 
-_WALK_REASONS = {Reason.SYMLINK_OUTSIDE_EXPORT, Reason.SYMLINK_NOT_FOLLOWED, Reason.SYMLINK_LOOP, Reason.NAME_NOT_UTF8}
+_WALK_REASONS = {
+    Reason.SYMLINK_OUTSIDE_EXPORT,
+    Reason.SYMLINK_NOT_FOLLOWED,
+    Reason.SYMLINK_LOOP,
+    Reason.NAME_NOT_UTF8,
+}
 
 
 def _without_copies(recordings: list[Recording]) -> tuple[list[Recording], list[Rejection]]:
@@ -248,10 +264,13 @@ def _without_copies(recordings: list[Recording]) -> tuple[list[Recording], list[
             unique.append(rec)
             continue
         detail = (
-            f"{PurePosixPath(vio.path).name} has the same SHA-256 as {first.files[Role.VIO].path}: a copy or link of "
+            f"{PurePosixPath(vio.path).name} has the same SHA-256 as "
+            f"{first.files[Role.VIO].path}: a copy or link of "
             f"recording {first.stem!r}, which is kept; remove the copy"
         )
-        rejections.extend(Rejection(entry.path, Reason.DUPLICATE_RECORDING, detail) for entry in rec.files.values())
+        rejections.extend(
+            Rejection(entry.path, Reason.DUPLICATE_RECORDING, detail) for entry in rec.files.values()
+        )
     return unique, rejections
 
 
@@ -267,7 +286,9 @@ class _Rejected:
     detail: str
 
 
-def _check_recording(root: Path, stem: str, files: dict[Role, Path], config: PairConfig) -> _Accepted | _Rejected:
+def _check_recording(
+    root: Path, stem: str, files: dict[Role, Path], config: PairConfig
+) -> _Accepted | _Rejected:
     """The verdict on one folder's files of one stem; the first failed rule is the reason."""
     names = file_names(stem)
     missing = [names[role] for role in Role if role not in files]
@@ -282,7 +303,9 @@ def _check_recording(root: Path, stem: str, files: dict[Role, Path], config: Pai
         return status
     absent = [k for k in STATUS_REQUIRED_KEYS if k not in status]
     if absent:
-        return _Rejected(Reason.MISSING_KEYS, f"{names[Role.STATUS]} lacks required key(s) {', '.join(absent)}")
+        return _Rejected(
+            Reason.MISSING_KEYS, f"{names[Role.STATUS]} lacks required key(s) {', '.join(absent)}"
+        )
     if status["status"] != STATUS_SUCCESS:
         error = status.get("error") or "no error text given"
         error = _clip(error) if isinstance(error, str) else _quote(error)
@@ -291,22 +314,30 @@ def _check_recording(root: Path, stem: str, files: dict[Role, Path], config: Pai
         named = status[key]
         if not isinstance(named, str):
             return _Rejected(
-                Reason.NAME_MISMATCH, f"{names[Role.STATUS]}: {key} is {_quote(named)}, expected {names[role]!r}"
+                Reason.NAME_MISMATCH,
+                f"{names[Role.STATUS]}: {key} is {_quote(named)}, expected {names[role]!r}",
             )
         if PurePosixPath(named).name != named or "\\" in named:
-            where = "the export" if _points_outside(root, files[Role.STATUS].parent, named) else "the recording's folder"
+            where = (
+                "the export"
+                if _points_outside(root, files[Role.STATUS].parent, named)
+                else "the recording's folder"
+            )
             return _Rejected(
                 Reason.SOURCE_NOT_IN_FOLDER,
-                f"{names[Role.STATUS]}: {key} {_quote(named)} points outside {where}; it must name a file next to the json",
+                f"{names[Role.STATUS]}: {key} {_quote(named)} points outside {where}; "
+                "it must name a file next to the json",
             )
         if named != names[role]:
             return _Rejected(
-                Reason.NAME_MISMATCH, f"{names[Role.STATUS]}: {key} names {_quote(named)}, expected {names[role]!r}"
+                Reason.NAME_MISMATCH,
+                f"{names[Role.STATUS]}: {key} names {_quote(named)}, expected {names[role]!r}",
             )
     task = status.get("task")
     if config.task is not None and task is not None and task != config.task:
         return _Rejected(
-            Reason.OTHER_TASK, f"task {_quote(task)}, the pipeline is configured for {config.task!r} (pair.task)"
+            Reason.OTHER_TASK,
+            f"task {_quote(task)}, the pipeline is configured for {config.task!r} (pair.task)",
         )
 
     state, detail = mcap_state(files[Role.RAW])
@@ -318,7 +349,8 @@ def _check_recording(root: Path, stem: str, files: dict[Role, Path], config: Pai
     truncated = state is McapState.TRUNCATED
     if truncated and not config.accept_truncated:
         return _Rejected(
-            Reason.TRUNCATED, f"{names[Role.VIO]}: {detail}; set pair.accept_truncated: true to convert what is readable"
+            Reason.TRUNCATED,
+            f"{names[Role.VIO]}: {detail}; set pair.accept_truncated: true to convert what is readable",
         )
     return _Accepted(_documented_fields(stem, status), truncated)
 
@@ -339,7 +371,8 @@ def _read_status(path: Path) -> dict[str, Any] | _Rejected:
     if len(data) > MAX_STATUS_BYTES:
         return _Rejected(
             Reason.TOO_LARGE,
-            f"{path.name} is {size} bytes, over the {MAX_STATUS_BYTES} bytes a status file may have: not read "
+            f"{path.name} is {size} bytes, "
+            f"over the {MAX_STATUS_BYTES} bytes a status file may have: not read "
             "(the studio writes a few hundred)",
         )
     try:
@@ -375,7 +408,9 @@ def _documented_fields(stem: str, status: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, types) and not isinstance(value, bool):
             fields[key] = value
         else:
-            log.warning("%s: status field %r is %s, of the wrong type: not in the manifest", stem, key, _quote(value))
+            log.warning(
+                "%s: status field %r is %s, of the wrong type: not in the manifest", stem, key, _quote(value)
+            )
     undocumented = len(status.keys() - STATUS_FIELDS.keys())
     if undocumented:
         log.debug("%s: %d undocumented status field(s) not copied into the manifest", stem, undocumented)
@@ -437,7 +472,8 @@ def _walk(root: Path) -> Iterator[tuple[Path, Reason | None, str | None]]:
 
 
 _NOT_UTF8 = (
-    "{kind} name is not valid UTF-8 (its undecodable bytes are shown as \\xNN): the manifest and report are JSON "
+    "{kind} name is not valid UTF-8 (its undecodable bytes are shown as \\xNN): "
+    "the manifest and report are JSON "
     "text and cannot hold it; rename it"
 )
 
@@ -458,13 +494,22 @@ def _link_verdict(root: Path, path: Path, kind: str) -> tuple[Reason, str] | Non
         os.stat(path)  # follows the whole chain: a loop (a -> b -> a) fails here instead of spinning
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            return Reason.SYMLINK_LOOP, f"symbolic link loop ({link!r} leads back to itself): it never reaches a {kind}"
+            return (
+                Reason.SYMLINK_LOOP,
+                f"symbolic link loop ({link!r} leads back to itself): it never reaches a {kind}",
+            )
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             return Reason.SYMLINK_NOT_FOLLOWED, f"symbolic link to {link!r}, which does not exist"
-        return Reason.SYMLINK_NOT_FOLLOWED, f"symbolic link to {link!r}, which cannot be followed: {exc.strerror}"
+        return (
+            Reason.SYMLINK_NOT_FOLLOWED,
+            f"symbolic link to {link!r}, which cannot be followed: {exc.strerror}",
+        )
     target = path.resolve()
     if kind == "folder" and path.parent.is_relative_to(target):
-        return Reason.SYMLINK_LOOP, f"symbolic link to {link!r}, a folder that contains it: a loop, not followed"
+        return (
+            Reason.SYMLINK_LOOP,
+            f"symbolic link to {link!r}, a folder that contains it: a loop, not followed",
+        )
     if not target.is_relative_to(root):
         return Reason.SYMLINK_OUTSIDE_EXPORT, (
             f"symbolic link leading outside the export ({link!r}): not followed; copy the file in instead"
@@ -488,7 +533,11 @@ def summary_lines(result: PairingResult) -> list[str]:
     metrics = result.metrics()
     lines = [
         f"paired {metrics['recordings_accepted']} recordings"
-        + (f" ({metrics['recordings_truncated_accepted']} truncated)" if metrics["recordings_truncated_accepted"] else "")
+        + (
+            f" ({metrics['recordings_truncated_accepted']} truncated)"
+            if metrics["recordings_truncated_accepted"]
+            else ""
+        )
         + f"; rejected {metrics['files_rejected']} of {metrics['files_seen']} files"
     ]
     for reason, count in metrics["files_rejected_by_reason"].items():

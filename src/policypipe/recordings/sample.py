@@ -84,7 +84,9 @@ DIAGNOSTICS_TOPIC = "/diagnostics"
 CAMERA_FRAME_ID = "camera0"
 WORLD_FRAME_ID = "world"
 STUDIO_VERSION = "2.4.1"
-MCAP_LIBRARY = f"matrix-studio/{STUDIO_VERSION}"  # fixed: the mcap package version must not leak into the bytes
+MCAP_LIBRARY = (
+    f"matrix-studio/{STUDIO_VERSION}"  # fixed: the mcap package version must not leak into the bytes
+)
 CHUNK_SIZE = 256 * 1024
 JPEG_QUALITY = 80
 H264_CRF = 23
@@ -133,14 +135,21 @@ class SampleConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.recordings, int) or not 1 <= self.recordings <= 10_000:
-            raise ValueError(f"recordings={self.recordings!r}: set recordings to a whole number from 1 to 10000")
+            raise ValueError(
+                f"recordings={self.recordings!r}: set recordings to a whole number from 1 to 10000"
+            )
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r}: set seed to a non-negative whole number")
         if self.camera not in ("image", "video"):
-            raise ValueError(f"camera={self.camera!r}: set camera to 'image' (JPEG frames) or 'video' (H.264)")
+            raise ValueError(
+                f"camera={self.camera!r}: set camera to 'image' (JPEG frames) or 'video' (H.264)"
+            )
         if not isinstance(self.task, str) or not _TASK_RE.match(self.task):
             raise ValueError(f"task={self.task!r}: use a non-empty name of letters, digits, '_', '-' or '.'")
-        for name, value, low in (("image_width", self.image_width, 64), ("image_height", self.image_height, 48)):
+        for name, value, low in (
+            ("image_width", self.image_width, 64),
+            ("image_height", self.image_height, 48),
+        ):
             if not isinstance(value, int) or not low <= value <= 4096 or value % 2:
                 raise ValueError(
                     f"{name}={value!r}: use an even number of pixels from {low} to 4096 "
@@ -202,16 +211,29 @@ class StreamTiming:
         ):
             rate = getattr(self, f"{hz}_hz")
             if not 0.0 <= 3.0 * jitter < 0.5 / rate:
-                raise ValueError(f"{hz}_jitter_s={jitter}: keep it below 1/6 of the sample interval ({1 / 6 / rate:.4g} s)")
+                raise ValueError(
+                    f"{hz}_jitter_s={jitter}: keep it below 1/6 of the sample interval ({1 / 6 / rate:.4g} s)"
+                )
         if not 0.0 <= self.camera_drop_fraction < 0.5:
-            raise ValueError(f"camera_drop_fraction={self.camera_drop_fraction}: use a fraction from 0 to 0.5")
-        for name in ("camera_start_s", "camera_stop_s", "pose_start_s", "pose_stop_s", "width_start_s", "width_stop_s"):
+            raise ValueError(
+                f"camera_drop_fraction={self.camera_drop_fraction}: use a fraction from 0 to 0.5"
+            )
+        for name in (
+            "camera_start_s",
+            "camera_stop_s",
+            "pose_start_s",
+            "pose_stop_s",
+            "width_start_s",
+            "width_stop_s",
+        ):
             if not 0.0 <= getattr(self, name) <= 60.0:
                 raise ValueError(f"{name}={getattr(self, name)}: use 0 to 60 seconds")
         if not 0.0 <= self.log_lag_min_s <= self.log_lag_max_s <= 10.0:
             raise ValueError("log lag: need 0 <= log_lag_min_s <= log_lag_max_s <= 10 s")
         if not 0.0 <= self.out_of_order_fraction <= 0.5:
-            raise ValueError(f"out_of_order_fraction={self.out_of_order_fraction}: use a fraction from 0 to 0.5")
+            raise ValueError(
+                f"out_of_order_fraction={self.out_of_order_fraction}: use a fraction from 0 to 0.5"
+            )
 
 
 def random_timing(rng: np.random.Generator, *, diagnostics: bool | None = None) -> StreamTiming:
@@ -312,7 +334,11 @@ _CHANNELS: dict[str, _Channel] = {
         "jsonschema",
         _json_schema(
             "StudioDiagnostics",
-            {"stamp_ns": {"type": "integer"}, "level": {"type": "string"}, "tracked_features": {"type": "integer"}},
+            {
+                "stamp_ns": {"type": "integer"},
+                "level": {"type": "string"},
+                "tracked_features": {"type": "integer"},
+            },
         ),
         "json",
     ),
@@ -366,7 +392,11 @@ def _log_times(rng: np.random.Generator, capture_ns: np.ndarray, timing: StreamT
     phase = rng.uniform(0.0, 2.0 * np.pi)
     mid = (timing.log_lag_min_s + timing.log_lag_max_s) / 2.0
     half = (timing.log_lag_max_s - timing.log_lag_min_s) / 2.0
-    lag_s = mid + half * 0.8 * np.sin(2.0 * np.pi * t_s / period_s + phase) + rng.uniform(-0.1, 0.1, len(t_s)) * half
+    lag_s = (
+        mid
+        + half * 0.8 * np.sin(2.0 * np.pi * t_s / period_s + phase)
+        + rng.uniform(-0.1, 0.1, len(t_s)) * half
+    )
     log_ns = capture_ns + np.round(lag_s * 1e9).astype(np.int64)
     # One stream is logged in its own order: strictly increasing, whatever the noise did.
     step = np.arange(len(log_ns), dtype=np.int64)
@@ -425,7 +455,6 @@ class _H264Encoder:
 
     def encode(self, bgr: np.ndarray) -> bytes:
         import av
-
         import cv2
 
         # OpenCV's fixed-point colour conversion: several times faster than swscale here.
@@ -433,7 +462,9 @@ class _H264Encoder:
         frame.pts = self._pts
         out = self._ctx.encode(frame)
         if len(out) != 1:
-            raise RuntimeError(f"H.264 encoder returned {len(out)} packets for frame {self._pts}; expected exactly one")
+            raise RuntimeError(
+                f"H.264 encoder returned {len(out)} packets for frame {self._pts}; expected exactly one"
+            )
         self._pts += 1
         return bytes(out[0])
 
@@ -517,19 +548,27 @@ def simulate_recording(
     def span(start_s: float, stop_s: float) -> tuple[int, int]:
         return plan.start_ns + int(round(start_s * 1e9)), plan.end_ns - int(round(stop_s * 1e9))
 
-    nominal = _sample_clock(rng, *span(timing.camera_start_s, timing.camera_stop_s), timing.camera_hz, timing.camera_jitter_s)
+    nominal = _sample_clock(
+        rng, *span(timing.camera_start_s, timing.camera_stop_s), timing.camera_hz, timing.camera_jitter_s
+    )
     kept = rng.random(len(nominal)) >= timing.camera_drop_fraction
     kept[[0, -1]] = True  # the first and last exposure define the span: keep them
     camera_ns = nominal[kept]
-    pose_ns = _sample_clock(rng, *span(timing.pose_start_s, timing.pose_stop_s), timing.pose_hz, timing.pose_jitter_s)
-    width_ns = _sample_clock(rng, *span(timing.width_start_s, timing.width_stop_s), timing.width_hz, timing.width_jitter_s)
+    pose_ns = _sample_clock(
+        rng, *span(timing.pose_start_s, timing.pose_stop_s), timing.pose_hz, timing.pose_jitter_s
+    )
+    width_ns = _sample_clock(
+        rng, *span(timing.width_start_s, timing.width_stop_s), timing.width_hz, timing.width_jitter_s
+    )
 
     # The device records H.264 (raw S.mcap); the studio writes the frames it processed
     # either as the same H.264 stream or as JPEG/PNG images (S_vio.mcap).
     raw_encoder = _H264Encoder(image_size, timing.camera_hz, RAW_H264_PRESET)
     vio_encoder = _H264Encoder(image_size, timing.camera_hz, VIO_H264_PRESET) if camera == "video" else None
     raw_payloads, payloads = [], []
-    for bgr in render_frames_bgr(plan, camera_ns, image_size, timecode=timecode, texture=table_texture(plan.scene)):
+    for bgr in render_frames_bgr(
+        plan, camera_ns, image_size, timecode=timecode, texture=table_texture(plan.scene)
+    ):
         raw_payloads.append(raw_encoder.encode(bgr))
         payloads.append(vio_encoder.encode(bgr) if vio_encoder else _encode_image(bgr, image_format))
     raw_encoder.close()
@@ -540,7 +579,11 @@ def simulate_recording(
     width_m = plan.width_at(width_ns)
 
     streams: list[tuple[str, np.ndarray, list[bytes]]] = [
-        (camera, camera_ns, [_camera_message(camera, t, p, image_format) for t, p in zip(camera_ns, payloads)]),
+        (
+            camera,
+            camera_ns,
+            [_camera_message(camera, t, p, image_format) for t, p in zip(camera_ns, payloads)],
+        ),
         ("pose", pose_ns, [_pose_message(t, p, q) for t, p, q in zip(pose_ns, position, quat)]),
         (
             "width",
@@ -573,7 +616,9 @@ def simulate_recording(
     raw: list[tuple[int, int, int, _Message]] = []
     camera_log = camera_ns + np.round(rng.uniform(0.0005, 0.002, len(camera_ns)) * 1e9).astype(np.int64)
     for i, (t, log_ns, payload) in enumerate(zip(camera_ns, camera_log, raw_payloads)):
-        raw.append((int(log_ns), 0, i, _Message("video", int(log_ns), _camera_message("video", t, payload, "h264"))))
+        raw.append(
+            (int(log_ns), 0, i, _Message("video", int(log_ns), _camera_message("video", t, payload, "h264")))
+        )
     for i, (t, data) in enumerate(_imu_messages(plan, rng, timing.imu_hz)):
         raw.append((t + 200_000, 1, i, _Message("imu", t + 200_000, data)))
     raw.sort(key=lambda m: m[:3])
@@ -597,7 +642,9 @@ def simulate_recording(
 _COMPRESSION = {"zstd": CompressionType.ZSTD, "lz4": CompressionType.LZ4, "none": CompressionType.NONE}
 
 
-def _write_mcap(path: Path, messages: tuple[_Message, ...], *, compression: str, chunked: bool, summary: bool) -> None:
+def _write_mcap(
+    path: Path, messages: tuple[_Message, ...], *, compression: str, chunked: bool, summary: bool
+) -> None:
     """Writes messages in the given order. Channels are registered in a fixed order, before
     any message, so ids never depend on which message comes first."""
     if compression not in _COMPRESSION:
@@ -637,7 +684,12 @@ def _write_mcap(path: Path, messages: tuple[_Message, ...], *, compression: str,
 
 
 def write_simulated_vio(
-    path: Path, recording: SimulatedRecording, *, compression: str = "zstd", chunked: bool = True, summary: bool = True
+    path: Path,
+    recording: SimulatedRecording,
+    *,
+    compression: str = "zstd",
+    chunked: bool = True,
+    summary: bool = True,
 ) -> RecordingTruth:
     """Writes `S_vio.mcap`: camera, /vio/pose, /gripper/width (and /diagnostics if any)."""
     _write_mcap(Path(path), recording.vio_messages, compression=compression, chunked=chunked, summary=summary)
@@ -665,7 +717,9 @@ def write_vio_mcap(
     image_size: tuple[int, int] = (320, 240),
 ) -> RecordingTruth:
     """Simulates one recording and writes its `S_vio.mcap`; returns what was written."""
-    rec = simulate_recording(plan, timing, rng, camera=camera, image_format=image_format, image_size=image_size, timecode=timecode)
+    rec = simulate_recording(
+        plan, timing, rng, camera=camera, image_format=image_format, image_size=image_size, timecode=timecode
+    )
     return write_simulated_vio(path, rec, compression=compression, chunked=chunked, summary=summary)
 
 
@@ -755,7 +809,11 @@ def _run_job(tmp_root: str, job: _Job) -> _JobResult:
     cfg = job.config
     plan_seq, timing_seq, sim_seq, status_seq = np.random.SeedSequence([cfg.seed, job.index]).spawn(4)
     plan_rng = np.random.default_rng(plan_seq)
-    start_ns = _base_ns(cfg.seed) + job.index * RECORDING_SPACING_S * 1_000_000_000 + int(plan_rng.integers(0, 60_000)) * 1_000_000
+    start_ns = (
+        _base_ns(cfg.seed)
+        + job.index * RECORDING_SPACING_S * 1_000_000_000
+        + int(plan_rng.integers(0, 60_000)) * 1_000_000
+    )
     plan = plan_motion(plan_rng, start_ns)
     timing = random_timing(np.random.default_rng(timing_seq))
     rec = simulate_recording(
@@ -812,7 +870,13 @@ def _plan_jobs(config: SampleConfig) -> tuple[list[_Job], dict[str, int]]:
         return f"session_{session + 1:02d}"
 
     jobs = [
-        _Job(index=i, stem=f"rec_{i + 1:04d}", folder=folder(i // RECORDINGS_PER_SESSION), defect=None, config=config)
+        _Job(
+            index=i,
+            stem=f"rec_{i + 1:04d}",
+            folder=folder(i // RECORDINGS_PER_SESSION),
+            defect=None,
+            config=config,
+        )
         for i in range(n_good)
     ]
     leftovers: dict[str, int] = {}
@@ -826,14 +890,18 @@ def _plan_jobs(config: SampleConfig) -> tuple[list[_Job], dict[str, int]]:
         jobs.append(_Job(index=index, stem=stem, folder=folder(j % sessions), defect=name, config=config))
         index += 1
         if name == "duplicate_stem":  # same stem, another session, another recording
-            jobs.append(_Job(index=index, stem=stem, folder=folder((j + 1) % sessions), defect=name, config=config))
+            jobs.append(
+                _Job(index=index, stem=stem, folder=folder((j + 1) % sessions), defect=name, config=config)
+            )
             index += 1
     leftovers["retry_leftover"] = n_good // 3
     leftovers["partial_leftover"] = (2 * n_good) // 3
     return jobs, leftovers
 
 
-def _write_leftovers(tmp_root: Path, jobs: list[_Job], leftovers: dict[str, int]) -> dict[str, tuple[str, ...]]:
+def _write_leftovers(
+    tmp_root: Path, jobs: list[_Job], leftovers: dict[str, int]
+) -> dict[str, tuple[str, ...]]:
     """Leftovers of earlier attempts next to good recordings: a complete duplicate download
     and a copy that stopped at 40%."""
     found: dict[str, tuple[str, ...]] = {}
@@ -873,7 +941,13 @@ def write_sample_export(out_dir: Path, config: SampleConfig, *, workers: int | N
     workers = max(1, min(workers, len(jobs)))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp_root = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
-    log.info("writing %d recordings (%d with defects) to %s with %d workers", len(jobs), len(jobs) - config.recordings, out_dir, workers)
+    log.info(
+        "writing %d recordings (%d with defects) to %s with %d workers",
+        len(jobs),
+        len(jobs) - config.recordings,
+        out_dir,
+        workers,
+    )
     try:
         if workers == 1:
             results = [_run_job(str(tmp_root), job) for job in jobs]

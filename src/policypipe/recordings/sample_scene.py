@@ -152,7 +152,9 @@ class MotionPlan:
         t_s = self._seconds(np.atleast_1d(t_ns))
         position = _min_jerk(self.knot_s, self.knot_position, t_s) + self._wobble(t_s)[:, :3]
         quat = self._tool_rotation(t_s).as_quat()
-        reference = (Rotation.from_euler("z", self.knot_yaw[0]) * Rotation.from_rotvec([math.pi, 0, 0])).as_quat()
+        reference = (
+            Rotation.from_euler("z", self.knot_yaw[0]) * Rotation.from_rotvec([math.pi, 0, 0])
+        ).as_quat()
         quat = np.where((quat @ reference)[:, None] < 0.0, -quat, quat)
         return np.round(position, 7), np.round(quat, 9)
 
@@ -217,7 +219,9 @@ def plan_motion(rng: np.random.Generator, start_ns: int, duration_s: float | Non
     target_xy = np.array([0.45, 0.0]) + rng.uniform(-0.08, 0.08, size=2)
     target_yaw = float(rng.uniform(-math.pi, math.pi))
     place_dir = heading + float(rng.uniform(-1.0, 1.0))
-    place_xy = target_xy + float(rng.uniform(0.15, 0.24)) * np.array([math.cos(place_dir), math.sin(place_dir)])
+    place_xy = target_xy + float(rng.uniform(0.15, 0.24)) * np.array(
+        [math.cos(place_dir), math.sin(place_dir)]
+    )
 
     start_yaw = heading + float(rng.uniform(-0.15, 0.15))
     # The fingers close across the narrow side, so the tool's x axis lies along the block's
@@ -328,8 +332,12 @@ def table_texture(scene: Scene) -> np.ndarray:
     everywhere) and the blue place marker."""
     rng = np.random.default_rng(scene.texture_seed)
     n = int(round(TABLE_SIZE_M / TEXTURE_M_PER_PX))
-    blotch = cv2.resize(rng.uniform(-14, 14, size=(7, 7)).astype(np.float32), (n, n), interpolation=cv2.INTER_CUBIC)
-    tex = np.clip(np.array(scene.table_bgr, np.float32)[None, None] + blotch[..., None], 0, 255).astype(np.uint8)
+    blotch = cv2.resize(
+        rng.uniform(-14, 14, size=(7, 7)).astype(np.float32), (n, n), interpolation=cv2.INTER_CUBIC
+    )
+    tex = np.clip(np.array(scene.table_bgr, np.float32)[None, None] + blotch[..., None], 0, 255).astype(
+        np.uint8
+    )
     dark = tuple(int(c * 0.72) for c in scene.table_bgr)
     light = tuple(min(255, int(c * 1.2) + 10) for c in scene.table_bgr)
     step = int(round(0.1 / TEXTURE_M_PER_PX))
@@ -409,20 +417,30 @@ def render_frames_bgr(
             borderMode=cv2.BORDER_CONSTANT,
             borderValue=FLOOR_BGR,
         )
-        _draw_target(image, _box_corners(target_centre[i], float(target_yaw[i]), plan.scene.target_size), r_cam[i], c_cam[i], k)
+        _draw_target(
+            image,
+            _box_corners(target_centre[i], float(target_yaw[i]), plan.scene.target_size),
+            r_cam[i],
+            c_cam[i],
+            k,
+        )
         _draw_fingers(image, float(grip[i]), k)
         if timecode:
             draw_timecode(image, timecode_value(int(t_ns[i])))
         yield image
 
 
-def render_frame(plan: MotionPlan, t_ns: int, image_size: tuple[int, int] = (320, 240), *, timecode: bool = False) -> np.ndarray:
+def render_frame(
+    plan: MotionPlan, t_ns: int, image_size: tuple[int, int] = (320, 240), *, timecode: bool = False
+) -> np.ndarray:
     """One (H, W, 3) uint8 RGB wrist-camera image at capture time `t_ns`."""
     bgr = next(render_frames_bgr(plan, np.array([t_ns]), image_size, timecode=timecode))
     return np.ascontiguousarray(bgr[..., ::-1])
 
 
-def _draw_target(image: np.ndarray, corners: np.ndarray, r_cam: np.ndarray, c_cam: np.ndarray, k: np.ndarray) -> None:
+def _draw_target(
+    image: np.ndarray, corners: np.ndarray, r_cam: np.ndarray, c_cam: np.ndarray, k: np.ndarray
+) -> None:
     uv, depth = project(corners, r_cam, c_cam, k)
     if depth.min() < 0.02:  # behind or touching the lens: not drawn (never happens in a plan)
         return
@@ -439,7 +457,12 @@ def _draw_fingers(image: np.ndarray, width_m: float, k: np.ndarray) -> None:
         outer = side * (width_m / 2.0 + FINGER_THICKNESS_M)
         # (8, 3) corners of the plate in the tool frame: 2 cm deep along x.
         plate = np.array(
-            [[x, y, z] for x in (-0.008, 0.008) for y in (inner, outer) for z in (FINGER_TIP_Z_M, FINGER_BASE_Z_M)]
+            [
+                [x, y, z]
+                for x in (-0.008, 0.008)
+                for y in (inner, outer)
+                for z in (FINGER_TIP_Z_M, FINGER_BASE_Z_M)
+            ]
         )
         uv, _ = project(plate, R_TOOL_CAM, CAMERA_OFFSET_TOOL, k)
         # The finger's root continues straight down out of the image, to the gripper body.
@@ -448,7 +471,9 @@ def _draw_fingers(image: np.ndarray, width_m: float, k: np.ndarray) -> None:
         hull = cv2.convexHull(uv.astype(np.float32)).reshape(-1, 2)
         cv2.fillConvexPoly(image, _fixed(hull), FINGER_BGR, cv2.LINE_AA, shift=4)
         # The rubber pad on the inner face near the tip: dark, shows where the fingers touch.
-        pad = np.array([[x, inner, z] for x in (-0.008, 0.008) for z in (FINGER_TIP_Z_M, FINGER_TIP_Z_M - 0.02)])
+        pad = np.array(
+            [[x, inner, z] for x in (-0.008, 0.008) for z in (FINGER_TIP_Z_M, FINGER_TIP_Z_M - 0.02)]
+        )
         uv, _ = project(pad, R_TOOL_CAM, CAMERA_OFFSET_TOOL, k)
         hull = cv2.convexHull(uv.astype(np.float32)).reshape(-1, 2)
         cv2.fillConvexPoly(image, _fixed(hull), FINGER_PAD_BGR, cv2.LINE_AA, shift=4)

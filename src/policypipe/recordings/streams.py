@@ -102,7 +102,9 @@ class Streams:
     width: np.ndarray  # float64 (W,), metres
     truncated: str | None  # why reading stopped early, or None
     camera_topic: str = ""  # which of `Topics.camera` was used
-    lost: dict[str, int] = field(default_factory=dict)  # "camera"/"pose"/"width" -> messages lost, nonzero only
+    lost: dict[str, int] = field(
+        default_factory=dict
+    )  # "camera"/"pose"/"width" -> messages lost, nonzero only
     damage: list[str] = field(default_factory=list)  # one line per damaged chunk or kind of skipped message
     warnings: list[str] = field(default_factory=list)  # e.g. two camera candidates with messages
 
@@ -165,7 +167,9 @@ class _Reading:
         self.skipped: dict[tuple[str, str], _Skipped] = {}  # (topic, what was wrong) -> count, first example
         # ... or with their chunk: (chunk offset, why, lost messages by topic or None if unknown).
         self.chunks: list[tuple[int, str, Counter[str] | None]] = []
-        self.unindexed_lost: Counter[str] | None = None  # lost in chunks without message index, from statistics
+        self.unindexed_lost: Counter[str] | None = (
+            None  # lost in chunks without message index, from statistics
+        )
 
     def add(self, schema_name: str, channel: Channel, message: Message) -> None:
         topic = channel.topic
@@ -253,14 +257,24 @@ class _Reading:
                 f"all {width_bad} messages on {topics.width} are unreadable or lack "
                 f"{topics.width_stamp_field!r}/{topics.width_value_field!r}; first: {first}",
             )
-        camera_name = camera_topic if camera.messages or lost_by_topic[camera_topic] else " or ".join(topics.camera)
-        for name, topic, what in (("camera", camera_name, camera.ns), ("pose", topics.pose, self.pose_ns), ("width", topics.width, self.width_ns)):
+        camera_name = (
+            camera_topic if camera.messages or lost_by_topic[camera_topic] else " or ".join(topics.camera)
+        )
+        for name, topic, what in (
+            ("camera", camera_name, camera.ns),
+            ("pose", topics.pose, self.pose_ns),
+            ("width", topics.width, self.width_ns),
+        ):
             if not what:
-                present = ", ".join(f"{t} ({s or 'no schema'})" for t, s in sorted(self.seen.items())) or "none"
+                present = (
+                    ", ".join(f"{t} ({s or 'no schema'})" for t, s in sorted(self.seen.items())) or "none"
+                )
                 detail = " before the file was cut" if truncated else ""
                 if lost.get(name):
                     detail += f" ({lost[name]} lost: {'; '.join(damage)})"
-                raise RecordingError("missing_topic", f"no messages on {topic}{detail}; topics present: {present}")
+                raise RecordingError(
+                    "missing_topic", f"no messages on {topic}{detail}; topics present: {present}"
+                )
 
         pose_arr = np.asarray(self.pose, dtype=np.float64).reshape(-1, 7)
         return Streams(
@@ -287,7 +301,9 @@ class _Reading:
         warnings = []
         if len(present) > 1:
             others = ", ".join(f"{t} ({self.cameras[t].messages} messages)" for t in present[1:])
-            warnings.append(f"camera: more than one candidate topic has messages; used {present[0]}, ignored {others}")
+            warnings.append(
+                f"camera: more than one candidate topic has messages; used {present[0]}, ignored {others}"
+            )
         return present[0], warnings
 
     def _damage_lines(self, stream_topic: dict[str, str]) -> list[str]:
@@ -303,14 +319,21 @@ class _Reading:
         lines = []
         for offset, why, lost in self.chunks:
             if lost is None:
-                lines.append(f"chunk at byte {offset}: {why}: lost messages not known (the chunk has no message index)")
+                lines.append(
+                    f"chunk at byte {offset}: {why}: lost messages not known (the chunk has no message index)"
+                )
             else:
                 lines.append(f"chunk at byte {offset}: {why}: lost {counts(lost)} messages")
         if self.unindexed_lost is not None:
-            lines.append(f"chunks without message index: lost {counts(self.unindexed_lost)} messages (from the summary statistics)")
+            lines.append(
+                f"chunks without message index: lost {counts(self.unindexed_lost)} messages "
+                "(from the summary statistics)"
+            )
         for (topic, kind), skipped in self.skipped.items():
             name = name_of.get(topic, topic)
-            lines.append(f"{name}: skipped {skipped.count} message(s) on {topic}: {kind} (first: {skipped.first})")
+            lines.append(
+                f"{name}: skipped {skipped.count} message(s) on {topic}: {kind} (first: {skipped.first})"
+            )
         return lines
 
 
@@ -327,7 +350,9 @@ def _parse(cls, data: bytes):
     try:
         return cls.FromString(data)
     except DecodeError as exc:
-        raise _BadMessage(f"not a valid {cls.DESCRIPTOR.full_name}", f"{len(data)} bytes {data[:16]!r}: {exc}") from exc
+        raise _BadMessage(
+            f"not a valid {cls.DESCRIPTOR.full_name}", f"{len(data)} bytes {data[:16]!r}: {exc}"
+        ) from exc
 
 
 def _checked_stamp(ts) -> int:
@@ -338,7 +363,9 @@ def _checked_stamp(ts) -> int:
     return ns
 
 
-def _read_pose(schema_name: str, data: bytes, topics: Topics, topic: str) -> tuple[int, tuple[float, ...]] | None:
+def _read_pose(
+    schema_name: str, data: bytes, topics: Topics, topic: str
+) -> tuple[int, tuple[float, ...]] | None:
     """(capture ns, (x, y, z, qx, qy, qz, qw)), or None for a transform of another frame."""
     if schema_name == POSE_SCHEMA:
         msg = _parse(PoseInFrame, data)
@@ -377,7 +404,9 @@ def _single_format(formats: set[str], topic: str) -> str:
         raise RecordingError("mixed_camera_formats", f"{topic} {what}")
     (fmt,) = formats
     if fmt not in ("jpeg", "jpg", "png", "h264"):
-        raise RecordingError("unsupported_camera_format", f"{topic} frames are {fmt!r}; supported: jpeg, png, h264")
+        raise RecordingError(
+            "unsupported_camera_format", f"{topic} frames are {fmt!r}; supported: jpeg, png, h264"
+        )
     return "jpeg" if fmt == "jpg" else fmt
 
 
@@ -451,7 +480,9 @@ def _indexed_messages(
         # channel's messages in the whole file: what the undamaged chunks did not hold was lost.
         stats = summary.statistics
         if stats is not None and stats.channel_message_counts:
-            rest = Counter({c: n - read_by_channel[c] - known_lost[c] for c, n in stats.channel_message_counts.items()})
+            rest = Counter(
+                {c: n - read_by_channel[c] - known_lost[c] for c, n in stats.channel_message_counts.items()}
+            )
             reading.unindexed_lost = _by_topic(channels, +rest)  # unary +: positive counts only
 
 

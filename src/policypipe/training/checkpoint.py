@@ -62,25 +62,36 @@ def capture_rng(generator: torch.Generator) -> tuple[dict[str, Any], dict[str, t
     return plain, tensors
 
 
-def pack_rng(by_rank: list[tuple[dict[str, Any], dict[str, torch.Tensor]]]) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
+def pack_rng(
+    by_rank: list[tuple[dict[str, Any], dict[str, torch.Tensor]]],
+) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
     """Every process's `capture_rng` (list index: rank) as the checkpoint holds them: trainer.json's
     "rng" list and rng.safetensors' tensors named "rank{r}.<name>"."""
     plain = [p for p, _ in by_rank]
-    tensors = {f"rank{rank}.{name}": t for rank, (_, named) in enumerate(by_rank) for name, t in named.items()}
+    tensors = {
+        f"rank{rank}.{name}": t for rank, (_, named) in enumerate(by_rank) for name, t in named.items()
+    }
     return plain, tensors
 
 
-def restore_rng(plain: list[dict[str, Any]], tensors: dict[str, torch.Tensor], generator: torch.Generator,
-                rank: int, world: int) -> None:
+def restore_rng(
+    plain: list[dict[str, Any]],
+    tensors: dict[str, torch.Tensor],
+    generator: torch.Generator,
+    rank: int,
+    world: int,
+) -> None:
     """Restores process `rank`'s own states (ranks draw different noise and crops)."""
     if len(plain) != world:
-        raise CheckpointError(f"the checkpoint holds the RNG states of {len(plain)} processes, {world} are running")
+        raise CheckpointError(
+            f"the checkpoint holds the RNG states of {len(plain)} processes, {world} are running"
+        )
     version, state, gauss = plain[rank]["python"]
     random.setstate((version, tuple(state), gauss))
     name, keys, pos, has_gauss, cached = plain[rank]["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     prefix = f"rank{rank}."
-    mine = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    mine = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
     torch.set_rng_state(mine["torch_cpu"])
     generator.set_state(mine["train_generator"])
     cuda = [mine[f"torch_cuda_{i}"] for i in range(sum(k.startswith("torch_cuda_") for k in mine))]
@@ -140,7 +151,9 @@ def load_checkpoint(folder: Path) -> TrainingState:
     if problems:
         raise CheckpointError(f"checkpoint {folder} is damaged: {'; '.join(problems)}")
     trainer = json.loads((Path(folder) / "trainer.json").read_text())
-    optimizer = _optimizer_from_files(load_file(Path(folder) / "optimizer.safetensors"), trainer.pop("optimizer"))
+    optimizer = _optimizer_from_files(
+        load_file(Path(folder) / "optimizer.safetensors"), trainer.pop("optimizer")
+    )
     return TrainingState(
         model=load_file(Path(folder) / "model.safetensors"),
         ema=load_file(Path(folder) / "ema.safetensors"),

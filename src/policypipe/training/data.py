@@ -32,7 +32,8 @@ class WindowDataset(Dataset):
             reach = window.action_offsets(self.streams.frequency_hz)[window.horizon - window.n_action_steps]
             raise ValueError(
                 f"episodes {episodes} have no anchor frame: each is shorter than the {reach:.3f} s that "
-                f"horizon - n_action_steps + 1 = {window.horizon - window.n_action_steps + 1} action steps need"
+                "horizon - n_action_steps + 1 = "
+                f"{window.horizon - window.n_action_steps + 1} action steps need"
             )
         self._frames: FrameShardReader | None = None  # opened in each worker on first use
 

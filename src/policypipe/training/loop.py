@@ -98,8 +98,17 @@ class TrainConfig:
     def __post_init__(self) -> None:
         # Each value checked alone first, naming its range, so a bad one is reported as itself
         # (num_processes 0 would otherwise surface as a division by zero below).
-        for name in ("steps", "batch_size", "grad_accum", "val_every", "val_batches", "checkpoint_every",
-                     "num_processes", "min_device_batch", "cpu_threads"):
+        for name in (
+            "steps",
+            "batch_size",
+            "grad_accum",
+            "val_every",
+            "val_batches",
+            "checkpoint_every",
+            "num_processes",
+            "min_device_batch",
+            "cpu_threads",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "keep_top_k", "num_workers"):  # keep_top_k 0: `latest` only
@@ -110,7 +119,9 @@ class TrainConfig:
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         if not self.grad_clip > 0:
-            raise ValueError(f"grad_clip must be > 0 (a gradient-norm limit; .inf: no clipping), got {self.grad_clip}")
+            raise ValueError(
+                f"grad_clip must be > 0 (a gradient-norm limit; .inf: no clipping), got {self.grad_clip}"
+            )
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
         if self.batch_size % (self.grad_accum * self.num_processes):
@@ -121,19 +132,26 @@ class TrainConfig:
         if self.launcher == "slurm":
             per_node, rest = divmod(self.num_processes, self.slurm.nodes)
             if rest or per_node == 0:
-                raise ValueError(f"num_processes {self.num_processes} must be a multiple of slurm.nodes {self.slurm.nodes} "
-                                 "(the same number of processes on every node)")
+                raise ValueError(
+                    f"num_processes {self.num_processes} must be a multiple of "
+                    f"slurm.nodes {self.slurm.nodes} "
+                    "(the same number of processes on every node)"
+                )
             if self.slurm.gpus_per_node not in (0, per_node):
-                raise ValueError(f"slurm.gpus_per_node {self.slurm.gpus_per_node} must be 0 (CPU processes) or the "
-                                 f"processes per node, num_processes / slurm.nodes = {per_node} (one process a GPU)")
+                raise ValueError(
+                    f"slurm.gpus_per_node {self.slurm.gpus_per_node} must be 0 (CPU processes) or the "
+                    f"processes per node, num_processes / slurm.nodes = {per_node} (one process a GPU)"
+                )
         if self.mixed_precision not in ("no", "bf16"):
             raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
         for name in ("ema_inv_gamma", "ema_power"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
         if not 0 <= self.ema_min_decay <= self.ema_max_decay < 1:
-            raise ValueError(f"ema_min_decay and ema_max_decay must satisfy 0 <= ema_min_decay <= ema_max_decay < 1, "
-                             f"got {self.ema_min_decay} and {self.ema_max_decay}")
+            raise ValueError(
+                f"ema_min_decay and ema_max_decay must satisfy 0 <= ema_min_decay <= ema_max_decay < 1, "
+                f"got {self.ema_min_decay} and {self.ema_max_decay}"
+            )
 
     @property
     def window(self) -> WindowConfig:
@@ -145,15 +163,27 @@ class TrainConfig:
         values = asdict(self)
         # grad_accum splits the same samples into smaller micro-batches (the out-of-memory
         # fallback changes it); a resumed run keeps the accumulation its checkpoint was made with.
-        for key in ("num_workers", "fallback_dir", "val_every", "val_batches", "checkpoint_every", "keep_top_k",
-                    "grad_accum", "min_device_batch", "launcher", "slurm"):
+        for key in (
+            "num_workers",
+            "fallback_dir",
+            "val_every",
+            "val_batches",
+            "checkpoint_every",
+            "keep_top_k",
+            "grad_accum",
+            "min_device_batch",
+            "launcher",
+            "slurm",
+        ):
             values.pop(key)
         model = values.pop("model")
         values |= {f"model.{k}": v for k, v in model.items()}
         return json.loads(canonical_json(values))
 
 
-def train_config_from_params(train: Mapping[str, Any] | None, policy: Mapping[str, Any] | None) -> TrainConfig:
+def train_config_from_params(
+    train: Mapping[str, Any] | None, policy: Mapping[str, Any] | None
+) -> TrainConfig:
     """The `train` section with the shared `policy` section's window (what one sample spans) in
     its model: what the train stage and `policypipe smoke` run with.
 
@@ -163,20 +193,31 @@ def train_config_from_params(train: Mapping[str, Any] | None, policy: Mapping[st
     window = from_mapping(WindowConfig, policy, "policy")
     train = dict(train or {})
     given = train.get("model", {})
-    model = dict(given) if isinstance(given, Mapping) else {}  # anything else: from_mapping says what it expects
+    model = (
+        dict(given) if isinstance(given, Mapping) else {}
+    )  # anything else: from_mapping says what it expects
     overridden = sorted(set(model) & {f.name for f in fields(WindowConfig)})
     if overridden:
         # It would be replaced by the `policy` section's value without a word.
-        raise ConfigError(f"params.yaml [train.model]: {', '.join(f'train.model.{k}' for k in overridden)} is set in "
-                          "the shared [policy] section (stats and eval read it too): remove it from train.model")
+        raise ConfigError(
+            f"params.yaml [train.model]: {', '.join(f'train.model.{k}' for k in overridden)} is set in "
+            "the shared [policy] section (stats and eval read it too): remove it from train.model"
+        )
     down_dims = model.get("down_dims", PolicyConfig.down_dims)
     if isinstance(down_dims, (list, tuple)) and window.horizon % unet_horizon_multiple(tuple(down_dims)):
         multiple = unet_horizon_multiple(tuple(down_dims))
-        fits = sorted({max(multiple, window.horizon // multiple * multiple), (window.horizon // multiple + 1) * multiple})
+        fits = sorted(
+            {
+                max(multiple, window.horizon // multiple * multiple),
+                (window.horizon // multiple + 1) * multiple,
+            }
+        )
         raise ConfigError(
             f"params.yaml: policy.horizon {window.horizon} must be a multiple of {multiple} for the U-Net "
-            f"(train.model.down_dims {list(down_dims)} has {len(down_dims)} levels; it halves the horizon at each "
-            f"but the last): set policy.horizon to {' or '.join(map(str, fits))}, or use fewer train.model.down_dims"
+            f"(train.model.down_dims {list(down_dims)} has {len(down_dims)} levels; "
+            "it halves the horizon at each "
+            f"but the last): set policy.horizon to {' or '.join(map(str, fits))}, "
+            "or use fewer train.model.down_dims"
         )
     if isinstance(given, Mapping):
         train["model"] = model | asdict(window)
@@ -206,7 +247,9 @@ class EpochSampler:
         g = self.start_batch
         while True:
             epoch, position = divmod(g, self.batches_per_epoch())
-            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+            order = torch.randperm(
+                self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+            )
             start = position * self.batch_size
             yield order[start : start + self.batch_size].tolist()
             g += 1
@@ -244,7 +287,9 @@ def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch
 
 
 @torch.no_grad()
-def validation_loss(policy: DiffusionPolicy, batches: list[dict[str, torch.Tensor]], device, seed: int) -> float:
+def validation_loss(
+    policy: DiffusionPolicy, batches: list[dict[str, torch.Tensor]], device, seed: int
+) -> float:
     """Denoising loss on held-out episodes, with fixed noise: comparable across steps and runs."""
     was_training = policy.training
     policy.eval()
@@ -332,9 +377,16 @@ def train(
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(config.cpu_threads)
     try:
-        return _train_backing_off(store=store, stats=stats, stats_sha256=stats_sha256, config=config,
-                                  run_dir=run_dir, log_step=log_step, stop_after=stop_after,
-                                  stop_requested=stop_requested)
+        return _train_backing_off(
+            store=store,
+            stats=stats,
+            stats_sha256=stats_sha256,
+            config=config,
+            run_dir=run_dir,
+            log_step=log_step,
+            stop_after=stop_after,
+            stop_requested=stop_requested,
+        )
     finally:
         torch.set_num_threads(previous_threads)  # the caller's process setting, as it was
 
@@ -351,8 +403,11 @@ def _train_backing_off(*, config: TrainConfig, **run) -> TrainResult:
             per_device = config.batch_size // (accum * config.num_processes)
             if config.batch_size % (accum * config.num_processes) or per_device < config.min_device_batch:
                 raise exc.__cause__ from None
-            note = (f"out of memory at {config.batch_size // (config.grad_accum * config.num_processes)} samples per "
-                    f"device: retrying with {per_device} and grad_accum {accum}")
+            note = (
+                "out of memory at "
+                f"{config.batch_size // (config.grad_accum * config.num_processes)} samples per "
+                f"device: retrying with {per_device} and grad_accum {accum}"
+            )
             log.warning(note)
             adjustments.append(note)
             config = replace(config, grad_accum=accum)
@@ -375,8 +430,11 @@ def _train_once(
     from accelerate import Accelerator
     from accelerate.utils import gather_object
 
-    resume = _resume_point(Path(run_dir), config.fallback_dir,
-                           RunIdentity(config.run_determining(), stats["dataset_fingerprint"]["sha256"], stats_sha256))
+    resume = _resume_point(
+        Path(run_dir),
+        config.fallback_dir,
+        RunIdentity(config.run_determining(), stats["dataset_fingerprint"]["sha256"], stats_sha256),
+    )
     state = resume.state
     if state is not None:  # continue with (at least) the accumulation the run was made with
         config = replace(config, grad_accum=max(config.grad_accum, state.trainer.get("grad_accum", 1)))
@@ -389,7 +447,8 @@ def _train_once(
     is_main = accelerator.is_main_process
     if accelerator.num_processes != config.num_processes:
         raise ValueError(
-            f"train.num_processes is {config.num_processes} but {accelerator.num_processes} processes are running"
+            f"train.num_processes is {config.num_processes} but "
+            f"{accelerator.num_processes} processes are running"
         )
     per_device_batch = config.batch_size // (config.grad_accum * accelerator.num_processes)
     window = config.window
@@ -408,7 +467,9 @@ def _train_once(
     policy.fit_normalizers(stats)
     ema = copy.deepcopy(policy).requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config.warmup_steps, config.steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, config.warmup_steps, config.steps)
+    )
 
     train_set = WindowDataset(store, stats["split"]["train"], window)
     val_set = WindowDataset(store, stats["split"]["val"], window)
@@ -419,7 +480,13 @@ def _train_once(
         ema.load_state_dict(state.ema)
         optimizer.load_state_dict(state.optimizer)
         schedule.load_state_dict(state.trainer["lr_schedule"])
-        restore_rng(state.trainer["rng"], state.rng_tensors, generator, accelerator.process_index, accelerator.num_processes)
+        restore_rng(
+            state.trainer["rng"],
+            state.rng_tensors,
+            generator,
+            accelerator.process_index,
+            accelerator.num_processes,
+        )
         history = _History.from_json(state.trainer["history"])
         start_step = resumed_from = state.trainer["step"]
         log.info("resuming from %s at step %d", resume.folder, start_step)
@@ -432,7 +499,9 @@ def _train_once(
     ema.to(accelerator.device)
     loader = DataLoader(
         train_set,
-        batch_sampler=_MicroBatches(sampler, accelerator.process_index, accelerator.num_processes, config.grad_accum),
+        batch_sampler=_MicroBatches(
+            sampler, accelerator.process_index, accelerator.num_processes, config.grad_accum
+        ),
         num_workers=config.num_workers,
         persistent_workers=config.num_workers > 0,
     )
@@ -468,8 +537,13 @@ def _train_once(
         busy_s += time.perf_counter() - t0
         done = step + 1
 
-        record = {"step": done, "train_loss": loss_value, "lr": schedule.get_last_lr()[0],
-                  "samples_per_s": samples / max(busy_s, 1e-9), "data_wait_fraction": wait_s / max(busy_s, 1e-9)}
+        record = {
+            "step": done,
+            "train_loss": loss_value,
+            "lr": schedule.get_last_lr()[0],
+            "samples_per_s": samples / max(busy_s, 1e-9),
+            "data_wait_fraction": wait_s / max(busy_s, 1e-9),
+        }
         if stop_requested is not None and done < config.steps:
             interrupted = _any_process(accelerator, stop_requested())
         stopping = done == stop_after or interrupted
@@ -487,11 +561,16 @@ def _train_once(
             # Every process's own RNG states (each draws its own noise and crops), collected on all.
             rng_by_rank = gather_object([capture_rng(generator)])
         if is_main and checkpointing:
-            trainer = _trainer_state(identity, done, schedule, history, config.steps) | {"grad_accum": config.grad_accum}
+            trainer = _trainer_state(identity, done, schedule, history, config.steps) | {
+                "grad_accum": config.grad_accum
+            }
             plain_rng, rng_tensors = pack_rng(rng_by_rank)
             snapshot = TrainingState(
-                model=accelerator.unwrap_model(policy).state_dict(), ema=ema.state_dict(),
-                optimizer=optimizer.state_dict(), trainer=trainer | {"rng": plain_rng}, rng_tensors=rng_tensors,
+                model=accelerator.unwrap_model(policy).state_dict(),
+                ema=ema.state_dict(),
+                optimizer=optimizer.state_dict(),
+                trainer=trainer | {"rng": plain_rng},
+                rng_tensors=rng_tensors,
             )
             warnings += _save_all(snapshot, checkpoints, history, config, run_dir, ranked=scheduled)
         accelerator.wait_for_everyone()
@@ -501,11 +580,15 @@ def _train_once(
     if is_main:
         write_json_atomic(run_dir / "history.json", history.to_json())
     return TrainResult(
-        steps=done, resumed_from=resumed_from,
+        steps=done,
+        resumed_from=resumed_from,
         first_val_loss=history.val[0][1] if history.val else None,
         best_val_loss=min((v for _, v in history.val), default=None),
-        last_train_loss=loss_value, samples_per_s=samples / max(busy_s, 1e-9),
-        data_wait_fraction=wait_s / max(busy_s, 1e-9), checkpoint_warnings=warnings, policy=ema,
+        last_train_loss=loss_value,
+        samples_per_s=samples / max(busy_s, 1e-9),
+        data_wait_fraction=wait_s / max(busy_s, 1e-9),
+        checkpoint_warnings=warnings,
+        policy=ema,
         interrupted=interrupted,
     )
 
@@ -519,7 +602,9 @@ def _any_process(accelerator, flag: bool) -> bool:
     return bool(value.item())
 
 
-def _backward_agreeing_on_memory(accelerator, policy, batch: dict[str, torch.Tensor], generator: torch.Generator) -> torch.Tensor:
+def _backward_agreeing_on_memory(
+    accelerator, policy, batch: dict[str, torch.Tensor], generator: torch.Generator
+) -> torch.Tensor:
     """Forward and backward of one micro-batch in the first steps of a (re)start, where running
     out of memory means backing off: all processes back off together, or none does.
 
@@ -636,7 +721,9 @@ def _resume_point(run_dir: Path, fallback_dir: str | None, identity: RunIdentity
     """
     checkpoints = run_dir / "checkpoints"
     latest = checkpoints / LATEST
-    candidates: list[tuple[int, bool, Path, dict[str, Any]]] = []  # (step, in the run folder, folder, trainer.json)
+    candidates: list[
+        tuple[int, bool, Path, dict[str, Any]]
+    ] = []  # (step, in the run folder, folder, trainer.json)
     finished_here = False
     trainer = read_trainer(latest) if latest.exists() else None
     if trainer is not None:
@@ -655,7 +742,9 @@ def _resume_point(run_dir: Path, fallback_dir: str | None, identity: RunIdentity
             if other is None:
                 continue
             if differences := identity.differences(other):
-                log.info("not resuming from %s, a checkpoint of another setup: %s", folder, "; ".join(differences))
+                log.info(
+                    "not resuming from %s, a checkpoint of another setup: %s", folder, "; ".join(differences)
+                )
                 continue
             candidates.append((other["step"], False, folder, other))
 
@@ -684,17 +773,28 @@ def _resume_point(run_dir: Path, fallback_dir: str | None, identity: RunIdentity
         if latest.exists():
             damage = verify_folder(latest) or ["trainer.json: unreadable"]
             raise CheckpointError(f"checkpoint {latest} is damaged: {'; '.join(damage)}; {fresh}")
-        kept = sorted(p.name for p in checkpoints.iterdir() if (p / MANIFEST).is_file()) if checkpoints.is_dir() else []
+        kept = (
+            sorted(p.name for p in checkpoints.iterdir() if (p / MANIFEST).is_file())
+            if checkpoints.is_dir()
+            else []
+        )
         if kept:
             raise CheckpointError(
-                f"{checkpoints} holds {len(kept)} checkpoint(s) ({', '.join(kept)}) but no `latest` to resume from; "
+                f"{checkpoints} holds {len(kept)} checkpoint(s) ({', '.join(kept)}) "
+                "but no `latest` to resume from; "
                 f"{fresh} To continue from one of them instead, copy it to {latest}."
             )
     return _ResumePoint(None, None, replace_run_dir=True)
 
 
-def _save_all(snapshot: TrainingState, checkpoints: Path, history: _History, config: TrainConfig, run_dir: Path,
-              ranked: bool = True) -> list[str]:
+def _save_all(
+    snapshot: TrainingState,
+    checkpoints: Path,
+    history: _History,
+    config: TrainConfig,
+    run_dir: Path,
+    ranked: bool = True,
+) -> list[str]:
     """latest, and (if `ranked`) a top-k slot named for the validation loss; a failed write keeps
     training going."""
     warnings = []
@@ -719,7 +819,8 @@ def _save_all(snapshot: TrainingState, checkpoints: Path, history: _History, con
                     save_checkpoint(Path(config.fallback_dir) / target.name, snapshot)
                     message += f"; written to the fallback {config.fallback_dir}"
                 except OSError as fallback_exc:
-                    message += f"; the fallback {config.fallback_dir} failed too ({fallback_exc.strerror or fallback_exc})"
+                    message += f"; the fallback {config.fallback_dir} failed too "
+                    f"({fallback_exc.strerror or fallback_exc})"
             log.warning(message)
             warnings.append(message)
     for _, _, name in history.top_k[config.keep_top_k :]:

@@ -52,8 +52,16 @@ class SmokeReport:
 
 def smoke_config(config: TrainConfig, steps: int) -> TrainConfig:
     """The real model and batch size; a short run with frequent checkpoints and validation."""
-    return replace(config, steps=steps, warmup_steps=min(config.warmup_steps, 2), checkpoint_every=steps,
-                   val_every=max(1, steps // 2), val_batches=1, keep_top_k=1, fallback_dir=None)
+    return replace(
+        config,
+        steps=steps,
+        warmup_steps=min(config.warmup_steps, 2),
+        checkpoint_every=steps,
+        val_every=max(1, steps // 2),
+        val_batches=1,
+        keep_top_k=1,
+        fallback_dir=None,
+    )
 
 
 def run_smoke(
@@ -77,34 +85,67 @@ def run_smoke(
     with tempfile.TemporaryDirectory(prefix="policypipe-smoke-", dir=workdir) as tmp:
         tmp = Path(tmp)
         reference: list[dict] = []
-        train(store=store, stats=stats, stats_sha256=stats_sha, config=config, run_dir=tmp / "straight", log_step=reference.append)
+        train(
+            store=store,
+            stats=stats,
+            stats_sha256=stats_sha,
+            config=config,
+            run_dir=tmp / "straight",
+            log_step=reference.append,
+        )
         first_half: list[dict] = []
-        train(store=store, stats=stats, stats_sha256=stats_sha, config=config, run_dir=tmp / "resumed",
-              log_step=first_half.append, stop_after=resume_at)
+        train(
+            store=store,
+            stats=stats,
+            stats_sha256=stats_sha,
+            config=config,
+            run_dir=tmp / "resumed",
+            log_step=first_half.append,
+            stop_after=resume_at,
+        )
         if between is not None:
             between(tmp / "resumed")
         (tmp / "config.json").write_text(json.dumps(asdict(config)))
         done = subprocess.run(
-            [sys.executable, "-m", "policypipe.training.smoke", str(store), str(stats_path), str(tmp / "config.json"),
-             str(tmp / "resumed"), str(tmp / "second_half.json")],
-            capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "policypipe.training.smoke",
+                str(store),
+                str(stats_path),
+                str(tmp / "config.json"),
+                str(tmp / "resumed"),
+                str(tmp / "second_half.json"),
+            ],
+            capture_output=True,
+            text=True,
         )
         if done.returncode != 0:
-            problems.append(f"resuming in a fresh process failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+            problems.append(
+                "resuming in a fresh process failed: "
+                f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
+            )
             second_half = []
         else:
             second_half = json.loads((tmp / "second_half.json").read_text())
         if not problems:
             problems += compare_records(reference, first_half + second_half, resume_at, device)
-            problems += compare_weights(load_file(tmp / "straight" / "checkpoints" / "latest" / "ema.safetensors"),
-                                        load_file(tmp / "resumed" / "checkpoints" / "latest" / "ema.safetensors"), device)
+            problems += compare_weights(
+                load_file(tmp / "straight" / "checkpoints" / "latest" / "ema.safetensors"),
+                load_file(tmp / "resumed" / "checkpoints" / "latest" / "ema.safetensors"),
+                device,
+            )
     peak_gpu = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
     return SmokeReport(
-        steps=steps, resumed_at=resume_at, problems=problems,
-        comparison="bitwise" if device == "cpu" else
-        f"within GPU tolerances (losses {GPU_SCALAR_RTOL:g}, weights {GPU_WEIGHT_RTOL:g} relative)",
+        steps=steps,
+        resumed_at=resume_at,
+        problems=problems,
+        comparison="bitwise"
+        if device == "cpu"
+        else f"within GPU tolerances (losses {GPU_SCALAR_RTOL:g}, weights {GPU_WEIGHT_RTOL:g} relative)",
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        peak_gpu_mb=peak_gpu, seconds=time.monotonic() - started,
+        peak_gpu_mb=peak_gpu,
+        seconds=time.monotonic() - started,
     )
 
 
@@ -126,12 +167,18 @@ def compare_records(reference: list[dict], resumed: list[dict], resume_at: int, 
             if key not in a and key not in b:
                 continue
             if not scalars_match(a.get(key), b.get(key), device):
-                return [f"step {a['step']}: {key} {b.get(key)} after resuming at step {resume_at}, {a.get(key)} without interruption"]
+                return [
+                    f"step {a['step']}: {key} {b.get(key)} after resuming at step {resume_at}, "
+                    f"{a.get(key)} without interruption"
+                ]
     return []
 
 
-def compare_weights(straight: dict[str, torch.Tensor], resumed: dict[str, torch.Tensor], device: str) -> list[str]:
+def compare_weights(
+    straight: dict[str, torch.Tensor], resumed: dict[str, torch.Tensor], device: str
+) -> list[str]:
     """Final weights: bitwise on CPU; on a GPU each tensor within GPU_WEIGHT_RTOL of its norm."""
+
     def same(a: torch.Tensor, b: torch.Tensor) -> bool:
         if device == "cpu":
             return torch.equal(a, b)
@@ -146,8 +193,14 @@ def _resume_main(store: str, stats_path: str, config_path: str, run_dir: str, ou
     config = from_mapping(TrainConfig, json.loads(Path(config_path).read_text()), "train")
     records: list[dict] = []
     stats = json.loads(Path(stats_path).read_text())
-    result = train(store=Path(store), stats=stats, stats_sha256=sha256_file(Path(stats_path)), config=config,
-                   run_dir=Path(run_dir), log_step=records.append)
+    result = train(
+        store=Path(store),
+        stats=stats,
+        stats_sha256=sha256_file(Path(stats_path)),
+        config=config,
+        run_dir=Path(run_dir),
+        log_step=records.append,
+    )
     if result.resumed_from is None:
         raise SystemExit("the run started from scratch instead of resuming")
     Path(out).write_text(json.dumps(records))
