@@ -16,7 +16,7 @@ cv2.setNumThreads(4)
 work(1)  # the parent's OpenCV thread pool now exists; a forked child inherits its locks, not its threads
 with process_pool(2) as pool:
     print(sorted(pool.map(work, range(4))))
-"""
+"""  # noqa: E501
 
 
 def test_a_pool_forked_after_opencv_ran_threads_in_the_parent_does_not_hang() -> None:

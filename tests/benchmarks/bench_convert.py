@@ -84,7 +84,7 @@ from policypipe.recordings.episode import ConvertConfig
 convert_dataset(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), ConvertConfig(workers=1))
 # Recordings are decoded in a worker process, the store is assembled here: the larger peak.
 print(_peak_kb())
-"""
+"""  # noqa: E501
 )
 
 
@@ -123,7 +123,7 @@ if sys.argv[1] != "imports-only":
 # This fresh process or its worker (which decodes), whichever peaked higher (RUSAGE_CHILDREN in
 # the benchmark itself would be the largest of all runs so far).
 print(_peak_kb())
-"""
+"""  # noqa: E501
 )
 
 
@@ -226,10 +226,12 @@ def recording_rss_table(tmp: Path) -> None:
     for (w, h), frames in cases:
         mb = rss[((w, h), frames)]
         print(
-            f"  {w:4d}x{h:<4d} {frames:5d} frames   {mb:7.0f} MB   ratio {mb / base:5.2f}   above imports {mb - imports:6.0f} MB"
+            f"  {w:4d}x{h:<4d} {frames:5d} frames   {mb:7.0f} MB   ratio {mb / base:5.2f}   "
+            f"above imports {mb - imports:6.0f} MB"
         )
     print(
-        f"  (one 1920x1080 RGB frame is {full_frame_mb:.1f} MB; 1,000 of them held at once would be {1000 * full_frame_mb:.0f} MB)"
+        f"  (one 1920x1080 RGB frame is {full_frame_mb:.1f} MB; "
+        f"1,000 of them held at once would be {1000 * full_frame_mb:.0f} MB)"
     )
 
 
@@ -297,14 +299,17 @@ def main() -> None:
         bare_fps, one_fps, two_fps = frames / bare_s, frames / one_s, frames / two_s
         m = converted.metrics()
         print(
-            f"conversion of {args.recordings} sample recordings, {frames} camera frames at 320x240 -> {config.image_size}"
+            f"conversion of {args.recordings} sample recordings, "
+            f"{frames} camera frames at 320x240 -> {config.image_size}"
         )
         print(f"  bare decode+resize loop     {bare_fps:8.0f} frames/s   (baseline)")
         print(
-            f"  convert, 1 worker           {one_fps:8.0f} frames/s   ratio to baseline {one_fps / bare_fps:.2f} (target >= 0.7)"
+            f"  convert, 1 worker           {one_fps:8.0f} frames/s   "
+            f"ratio to baseline {one_fps / bare_fps:.2f} (target >= 0.7)"
         )
         print(
-            f"  convert, 2 workers          {two_fps:8.0f} frames/s   speed-up over 1 worker {two_fps / one_fps:.2f} (target >= 1.7)"
+            f"  convert, 2 workers          {two_fps:8.0f} frames/s   "
+            f"speed-up over 1 worker {two_fps / one_fps:.2f} (target >= 1.7)"
         )
         print(f"  bytes per frame             {m['bytes_per_frame']:8.0f}")
         print(f"  files per 1,000 frames      {1000 * m['store_files'] / m['frames']:8.1f}")
@@ -314,7 +319,8 @@ def main() -> None:
         few, many = 4, args.recordings
         rss_few, rss_many = (peak_rss_mb(result.manifest(), k, export, tmp) for k in (few, many))
         print(
-            f"  peak RSS, {few} vs {many} recordings  {rss_few:6.0f} MB vs {rss_many:.0f} MB (ratio {rss_many / rss_few:.2f}; bounded: ~1)"
+            f"  peak RSS, {few} vs {many} recordings  {rss_few:6.0f} MB vs {rss_many:.0f} MB "
+            f"(ratio {rss_many / rss_few:.2f}; bounded: ~1)"
         )
         sample = zarr.open_group(tmp / "one.zarr", mode="r")[layout.RGB][:500]
         print(f"image codecs on {len(sample)} stored frames at {config.image_size}:")

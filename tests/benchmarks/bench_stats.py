@@ -96,7 +96,8 @@ def main() -> None:
         t0 = time.perf_counter()
         root = generate_store(Path(tmp) / "ds.zarr", args.frames, episode_len=500)
         print(
-            f"statistics over {args.frames:,} frames ({args.frames // 500} episodes; store written in {time.perf_counter() - t0:.1f} s)"
+            f"statistics over {args.frames:,} frames ({args.frames // 500} episodes; "
+            f"store written in {time.perf_counter() - t0:.1f} s)"
         )
         t0 = time.perf_counter()
         stats = compute_statistics(root, window, config)

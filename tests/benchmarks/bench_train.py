@@ -72,7 +72,8 @@ def main() -> None:
         wall = time.perf_counter() - t0
     kind = "real-robot config, bf16, 224x224, GPU" if args.gpu else "demo config (params.yaml), CPU"
     print(
-        f"training, {kind}: {args.steps} steps of batch {config.batch_size}, {sum(p.numel() for p in result.policy.parameters()):,} parameters"
+        f"training, {kind}: {args.steps} steps of batch {config.batch_size}, "
+        f"{sum(p.numel() for p in result.policy.parameters()):,} parameters"
     )
     print(f"  samples/s                     {result.samples_per_s:8.1f}")
     print(f"  data-wait fraction            {result.data_wait_fraction:8.3f}")

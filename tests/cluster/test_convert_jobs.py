@@ -111,7 +111,9 @@ def kill_stuck_tasks(jobs: Path, stems: dict[str, list[str]], stop: threading.Ev
     done: set[str] = set()
     while not stop.is_set():
         processes = slurm_processes(jobs)
-        for job_id in {submitit_id(task_env) for _, task_env, wchan in processes if wchan == "wait_for_partner"} - done:
+        for job_id in {
+            submitit_id(task_env) for _, task_env, wchan in processes if wchan == "wait_for_partner"
+        } - done:
             logs = list(jobs.rglob(f"{job_id}_0_log.err"))
             text = logs[0].read_text(errors="replace") if logs else ""
             stem = next((s for s in stems if f"converting {s}" in text), None)

@@ -102,7 +102,8 @@ def test_usr1_part_way_checkpoints_requeues_and_ends_with_the_uninterrupted_weig
     assert [s["restart_count"] for s in segments] == [0, 1] and {s["job_id"] for s in segments} == {job}
     assert all(s["nodes"] and s["host"] for s in segments)
     print(
-        f"USR1 at step >= 15: stopped at step {stopped_at}, training again {resumed_after_s:.1f} s after the signal"
+        f"USR1 at step >= 15: stopped at step {stopped_at}, "
+        f"training again {resumed_after_s:.1f} s after the signal"
     )
 
 

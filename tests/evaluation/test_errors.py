@@ -58,7 +58,8 @@ def test_hold_still_error_on_a_straight_line_equals_its_analytic_value() -> None
     anchors = np.arange(0, 40, 5)  # far from the end: no padding in the window
     recorded = recorded_actions(pos, rotvec, width, anchors, dt)
     errors = chunk_errors(hold_still(len(anchors), WINDOW.horizon), recorded)
-    # Step h of the chunk is h + 1 periods ahead: the gripper is (h + 1) * speed * dt away, the same turn, same width.
+    # Step h of the chunk is h + 1 periods ahead: the gripper is (h + 1) * speed * dt away, the same turn,
+    # same width.
     analytic = 1000 * speed * dt * (np.arange(WINDOW.horizon) + 1)
     assert np.allclose(errors["position_mm"], analytic[None], atol=1e-9)
     assert np.allclose(errors["rotation_deg"], 0, atol=1e-6) and np.allclose(errors["width_mm"], 0)

@@ -1,4 +1,5 @@
-"""The evaluation's samples: the training windows at evenly spaced anchors; only damaged frames skip an episode."""
+"""The evaluation's samples: the training windows at evenly spaced anchors; only damaged frames skip an
+episode."""
 
 from __future__ import annotations
 

@@ -60,7 +60,8 @@ def encode(
     ctx.options = {
         "preset": "veryfast" if bframes else "ultrafast",
         "crf": "23",
-        "x264-params": f"keyint=10:min-keyint=10:scenecut=0:bframes={bframes}:repeat-headers=1:threads=1:sliced-threads=0",
+        "x264-params": "keyint=10:min-keyint=10:scenecut=0:"
+        f"bframes={bframes}:repeat-headers=1:threads=1:sliced-threads=0",
     }
     packets: list[av.Packet] = []
     for pts, i in enumerate(indices):

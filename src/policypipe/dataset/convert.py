@@ -6,7 +6,8 @@ the versions of the libraries that decide its pixels and numbers), so adding rec
 re-decodes only the new ones, and any change to the converter or those libraries re-decodes
 everything. One recording that fails, in whatever way, is excluded with its reason; a full
 disk stops the stage with the path and the space needed, and leaves no temporary file. The
-store is then assembled from the cache, episode by episode in manifest order, under a temporary name, and renamed into place: the result is
+store is then assembled from the cache, episode by episode in manifest order, under a temporary
+name, and renamed into place: the result is
 byte-identical whatever the number of workers, and a killed run leaves the previous store or
 none. Memory holds one episode and one shard of frames at a time.
 """

@@ -1,7 +1,8 @@
 """The provenance record every stage writes next to its outputs.
 
 It answers, months later, "what exactly produced this?": code (git commit, whether the
-stage's own code and params differ from it, and a hash of that diff), environment (the lock's hash, what is installed, and every
+stage's own code and params differ from it, and a hash of that diff), environment (the lock's
+hash, what is installed, and every
 difference between the two), hardware (GPUs and driver, or "cpu"), host, the exact command
 and params, and the hashes of what the stage read and wrote. It is host- and time-dependent
 by nature, so it lives in its own small git-tracked file, never inside a hashed data output.

@@ -1,7 +1,8 @@
 """Walks back from a policy, a checkpoint or the dataset to the recordings that made it.
 
 The chain is policy <- train run <- statistics <- stats run <- dataset fingerprint <- convert
-run <- manifest <- pair run <- each recording's SHA-256. Every link is a hash match, never a file name or a date: the
+run <- manifest <- pair run <- each recording's SHA-256. Every link is a hash match, never a
+file name or a date: the
 policy's export names the dataset fingerprint and statistics it was trained on; a stage's
 provenance record (metrics/provenance/<stage>.json, git-tracked) names the hashes it read
 and wrote. Records are looked up in the working tree first, then in the git history of the

@@ -207,8 +207,10 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
         folders = by_stem[stem]
         if len(folders) > 1:
             where = " and ".join(f"{f}/" for f in sorted(folders))
-            detail = f"stem {stem!r} appears in {where}: "
-            "stems must be unique across the export; rename or remove one"
+            detail = (
+                f"stem {stem!r} appears in {where}: "
+                "stems must be unique across the export; rename or remove one"
+            )
             for files in folders.values():
                 rejections.extend(
                     Rejection(_rel(p, root), Reason.DUPLICATE_STEM, detail) for p in files.values()

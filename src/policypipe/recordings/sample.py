@@ -127,7 +127,8 @@ class SampleConfig:
 
     recordings: int = 32  # good recordings; defects come on top
     seed: int = 0
-    camera: str = "image"  # "image": CompressedImage JPEG on /camera0/image; "video": CompressedVideo H.264 on /camera0/video
+    # "image": CompressedImage JPEG on /camera0/image; "video": CompressedVideo H.264 on /camera0/video
+    camera: str = "image"
     defects: bool = True
     task: str = "pick_place"
     image_width: int = 320

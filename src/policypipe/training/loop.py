@@ -68,7 +68,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     # The EMA of the weights (what is evaluated and exported) follows the reference's power schedule
     # (Chi et al.'s EMAModel, see `ema_decay`): after optimizer step n (0-based), with s = n - 1, it is
-    # 0 while s <= 0, then 1 - (1 + s / ema_inv_gamma) ** -ema_power clamped to [ema_min_decay, ema_max_decay].
+    # 0 while s <= 0, then 1 - (1 + s / ema_inv_gamma) ** -ema_power clamped to
+    # [ema_min_decay, ema_max_decay].
     ema_inv_gamma: float = 1.0
     ema_power: float = 0.75
     ema_min_decay: float = 0.0
@@ -819,8 +820,10 @@ def _save_all(
                     save_checkpoint(Path(config.fallback_dir) / target.name, snapshot)
                     message += f"; written to the fallback {config.fallback_dir}"
                 except OSError as fallback_exc:
-                    message += f"; the fallback {config.fallback_dir} failed too "
-                    f"({fallback_exc.strerror or fallback_exc})"
+                    message += (
+                        f"; the fallback {config.fallback_dir} failed too "
+                        f"({fallback_exc.strerror or fallback_exc})"
+                    )
             log.warning(message)
             warnings.append(message)
     for _, _, name in history.top_k[config.keep_top_k :]:
