@@ -30,7 +30,7 @@ def test_a_config_that_cannot_work_is_refused_with_what_to_change(mapping, messa
 
 
 def test_lists_become_tuples_and_choices_are_checked() -> None:
-    from policypipe.recordings.episode import ConvertConfig
+    from policypipe.dataset.convert_config import ConvertConfig
 
     config = from_mapping(
         ConvertConfig, {"image_size": [64, 48], "on_tracking_loss": "exclude", "resample_hz": 10}, "convert"
@@ -47,7 +47,7 @@ def test_lists_become_tuples_and_choices_are_checked() -> None:
 
 
 def test_nested_sections_are_typed_too() -> None:
-    from policypipe.recordings.episode import ConvertConfig
+    from policypipe.dataset.convert_config import ConvertConfig
     from policypipe.recordings.streams import Topics
 
     config = from_mapping(ConvertConfig, {"topics": {"camera": "/camera0/video"}}, "convert")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from policypipe.recordings.sample import SampleConfig, write_sample_export
+    from policypipe.synthetic.export import SampleConfig, write_sample_export
 
     try:
         config = SampleConfig(

@@ -30,11 +30,14 @@ from numcodecs import Blosc, Zstd
 from policypipe.atomic import write_json_atomic
 from policypipe.dataset import layout
 from policypipe.dataset.convert import convert_dataset
-from policypipe.recordings.episode import ConvertConfig, decode_frames
+from policypipe.dataset.convert_config import ConvertConfig
+from policypipe.dataset.episode import decode_frames
 from policypipe.recordings.layout import Role
 from policypipe.recordings.pairing import PairConfig, pair_export
-from policypipe.recordings.sample import SampleConfig, plan_motion, render_frame, write_sample_export
 from policypipe.recordings.streams import read_streams
+from policypipe.synthetic.export import SampleConfig, write_sample_export
+from policypipe.synthetic.motion import plan_motion
+from policypipe.synthetic.scene import render_frame
 
 
 def bare_decode_resize(vio_paths: list[Path], config: ConvertConfig) -> tuple[int, float]:
@@ -80,7 +83,7 @@ PEAK_RSS_SCRIPT = (
 import sys
 from pathlib import Path
 from policypipe.dataset.convert import convert_dataset
-from policypipe.recordings.episode import ConvertConfig
+from policypipe.dataset.convert_config import ConvertConfig
 convert_dataset(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), ConvertConfig(workers=1))
 # Recordings are decoded in a worker process, the store is assembled here: the larger peak.
 print(_peak_kb())
@@ -117,7 +120,7 @@ RECORDING_RSS_SCRIPT = (
 import sys
 from pathlib import Path
 from policypipe.dataset.convert import convert_dataset
-from policypipe.recordings.episode import ConvertConfig
+from policypipe.dataset.convert_config import ConvertConfig
 if sys.argv[1] != "imports-only":
     convert_dataset(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), ConvertConfig(workers=1))
 # This fresh process or its worker (which decodes), whichever peaked higher (RUSAGE_CHILDREN in

@@ -18,13 +18,13 @@ import zarr
 from policypipe.atomic import write_json_atomic
 from policypipe.config import from_mapping
 from policypipe.dataset.convert import convert_dataset
+from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.fingerprint import fingerprint
 from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.dataset.windows import WindowConfig
 from policypipe.policy.config import PolicyConfig
-from policypipe.recordings.episode import ConvertConfig
 from policypipe.recordings.pairing import PairConfig, pair_export
-from policypipe.recordings.sample import SampleConfig, write_sample_export
+from policypipe.synthetic.export import SampleConfig, write_sample_export
 from policypipe.training.loop import TrainConfig, train
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,12 +19,13 @@ from scipy.spatial.transform import Rotation
 from policypipe.atomic import write_json_atomic
 from policypipe.dataset import layout
 from policypipe.dataset.convert import DatasetError, convert_dataset
+from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.lineage.hashing import sha256_path
-from policypipe.recordings.episode import ConvertConfig
 from policypipe.recordings.pairing import PairConfig, pair_export
-from policypipe.recordings.sample import StreamTiming, plan_motion, write_raw_mcap, write_vio_mcap
-from policypipe.recordings.sample_scene import read_timecode, timecode_value
 from policypipe.recordings.streams import Topics
+from policypipe.synthetic.motion import plan_motion
+from policypipe.synthetic.recording import StreamTiming, write_raw_mcap, write_vio_mcap
+from policypipe.synthetic.scene import read_timecode, timecode_value
 from tests.conftest import MCAP_SAMPLES, write_status
 
 START_NS = 1_762_160_000_000_000_000
@@ -286,7 +287,7 @@ CONVERT_SCRIPT = """
 import sys
 from pathlib import Path
 from policypipe.dataset.convert import convert_dataset
-from policypipe.recordings.episode import ConvertConfig
+from policypipe.dataset.convert_config import ConvertConfig
 convert_dataset(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]),
                 ConvertConfig(image_size=(64, 48), min_frames=10, workers=1))
 """
@@ -393,7 +394,7 @@ def test_an_edited_converter_misses_the_cache_and_converts_anew(tmp_path: Path) 
         source / "policypipe",
         ignore=shutil.ignore_patterns("__pycache__"),
     )
-    with open(source / "policypipe/recordings/episode.py", "a") as f:
+    with open(source / "policypipe/dataset/episode.py", "a") as f:
         f.write(EDIT_CONVERTER)
     edited = tmp_path / "edited.zarr"
     subprocess.run(
@@ -494,7 +495,7 @@ def _write_recording(
     """A triplet whose `_vio.mcap` messages pass through `edit` first; returns its messages as written."""
     from dataclasses import replace as replace_fields
 
-    from policypipe.recordings.sample import simulate_recording, write_simulated_raw, write_simulated_vio
+    from policypipe.synthetic.recording import simulate_recording, write_simulated_raw, write_simulated_vio
 
     rng = np.random.default_rng(seed)
     plan = plan_motion(rng, START_NS + seed * 60_000_000_000, duration_s=2.0)

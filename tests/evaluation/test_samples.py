@@ -12,9 +12,9 @@ import zarr
 
 from policypipe.dataset import layout
 from policypipe.dataset.frame_shards import FrameShardReader
+from policypipe.dataset.window_dataset import WindowDataset
 from policypipe.dataset.windows import EpisodeStreams, WindowConfig, episode_bounds
 from policypipe.evaluation.samples import collect_samples, mean_motion
-from policypipe.training.data import WindowDataset
 from tests.dataset.conftest import make_store
 
 WINDOW = WindowConfig(n_obs_steps=2, horizon=6, n_action_steps=3)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
 
+from policypipe.dataset.episode import build_episode, decode_frames, missing_frames
 from policypipe.recordings import h264
-from policypipe.recordings.episode import build_episode, decode_frames, missing_frames
 from policypipe.recordings.h264 import (
     BitReader,
     BitstreamError,
@@ -25,10 +25,10 @@ from policypipe.recordings.h264 import (
     parse_sps,
     rbsp,
 )
-from policypipe.recordings.sample import StreamTiming, simulate_recording
-from policypipe.recordings.sample_scene import plan_motion
 from policypipe.recordings.streams import Streams
-from tests.recordings.test_episode import CONFIG, T0, h264_packets, make_streams
+from policypipe.synthetic.motion import plan_motion
+from policypipe.synthetic.recording import StreamTiming, simulate_recording
+from tests.dataset.test_episode import CONFIG, T0, h264_packets, make_streams
 
 INTACT, BROKEN, UNREADABLE = Verdict.INTACT, Verdict.BROKEN, Verdict.UNREADABLE
 HZ = 30.0

@@ -254,7 +254,7 @@ SAMPLE_DEFECT_REASONS = {
 
 
 def test_sample_export_every_defect_rejected_with_its_reason_and_nothing_else(tmp_path: Path) -> None:
-    from policypipe.recordings.sample import SampleConfig, write_sample_export
+    from policypipe.synthetic.export import SampleConfig, write_sample_export
 
     sample = write_sample_export(
         tmp_path / "raw", SampleConfig(recordings=3, seed=5, image_width=96, image_height=72)

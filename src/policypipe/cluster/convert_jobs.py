@@ -19,7 +19,7 @@ from typing import Any
 
 from policypipe.cluster import slurm
 from policypipe.dataset.convert import RecordingInput, cache_key, convert_recordings, record_of
-from policypipe.recordings.episode import ConvertConfig
+from policypipe.dataset.convert_config import ConvertConfig
 
 log = logging.getLogger(__name__)
 

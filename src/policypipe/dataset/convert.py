@@ -37,11 +37,12 @@ import zarr
 
 from policypipe.atomic import canonical_json, write_bytes_atomic
 from policypipe.dataset import layout
+from policypipe.dataset.convert_config import ConvertConfig
+from policypipe.dataset.episode import Episode, build_episode
 from policypipe.dataset.frame_shards import FrameShardWriter, create_frames_array
 from policypipe.dataset.image_codec import encode_jpeg
 from policypipe.lineage.code import module_code_sha256
 from policypipe.processes import process_pool
-from policypipe.recordings.episode import ConvertConfig, Episode, build_episode
 from policypipe.recordings.streams import RecordingError, read_streams
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ With f the dataset's `frequency_hz` and t an anchor frame's capture time (data/t
   nearest that time, and how far that frame is from it is reported (`observation_frames`).
 
 Pose and width are interpolated from the recorded streams (`streams/` in `layout`) exactly as
-convert interpolates them at the frames (`recordings.episode.PoseInterpolator` /
+convert interpolates them at the frames (`dataset.episode.PoseInterpolator` /
 `interpolate_width`), never read by frame index: a dropped camera frame does not stretch a
 step. Times before an episode's first frame or after its last are clamped to them (edge
 padding); windows never cross episodes. An anchor is any frame of an episode whose action window
@@ -34,7 +34,7 @@ import zarr
 from scipy.spatial.transform import Rotation
 
 from policypipe.dataset import layout
-from policypipe.recordings.episode import PoseInterpolator, interpolate_width, nearest_sample
+from policypipe.dataset.episode import PoseInterpolator, interpolate_width, nearest_sample
 
 POSE_DIM = 9
 ACTION_DIM = 10

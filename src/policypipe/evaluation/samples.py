@@ -15,7 +15,7 @@ import zarr
 
 from policypipe.dataset.frame_shards import UnreadableFrame
 from policypipe.dataset.windows import EpisodeStreams, WindowConfig
-from policypipe.training.data import WindowDataset
+from policypipe.dataset.window_dataset import WindowDataset
 
 log = logging.getLogger(__name__)
 

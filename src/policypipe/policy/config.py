@@ -63,7 +63,7 @@ class PolicyConfig:
     normalize_actions_per_step: bool = True
     # What the denoiser regresses: the noise ("epsilon", as in the Diffusion Policy paper), the
     # clean chunk ("sample") or the velocity ("v_prediction", which is well conditioned at every
-    # noise level; README, "Prediction type").
+    # noise level). docs/training.md, "Measured choices", compares epsilon and sample.
     prediction_type: str = "epsilon"
 
     def __post_init__(self) -> None:
@@ -71,9 +71,9 @@ class PolicyConfig:
             raise ValueError(
                 f"n_action_steps must be in 1..horizon ({self.horizon}), got {self.n_action_steps}"
             )
-        # Params files reach this through `training.loop.train_config_from_params`, which says the
-        # same in terms of the `policy` section, where the horizon is set; this guards every other
-        # way of building a config (tests, a loaded policy).
+        # Params files reach this through `train_config_from_params`, which says the same in terms
+        # of the `policy` section, where the horizon is set; this guards every other way of building
+        # a config (tests, a loaded policy).
         if not self.down_dims or any(d < 1 for d in self.down_dims):
             raise ValueError(f"down_dims must list at least one positive width, got {list(self.down_dims)}")
         multiple = unet_horizon_multiple(self.down_dims)

@@ -5,9 +5,9 @@ small per-device batches behave (Chi et al. replace BatchNorm the same way).
 
 The last feature map (B, C, h, w), the crop halved by the stem's convolution, by its max-pool
 and by each stage after the first (config.encoder_feature_map_size: 3x3 for an 88x88 crop and
-four stages, as the reference's ResNet-18 on 84x84), is pooled into a vector by spatial softmax
-(Chi et al., after robomimic: where in the image each of K learned features is, (B, 2K)) or by
-global averaging (what is there, not where, (B, C)); a linear layer maps it to feature_dim.
+four stages, as the reference's ResNet-18 on 84x84), becomes K spatial-softmax keypoints (Chi et
+al., after robomimic: where in the image each of K learned features is, (B, 2K)); a linear layer
+maps them to feature_dim.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The exported policy (`data/policy/`): EMA weights with the normalizer, config, manifest.
 
-config.json holds every PolicyConfig field (the normalization mode, the pooling, the spacing
-among them) and model.safetensors the weights with the normalizer's scale and offset, so a
-loaded policy normalises, encodes and samples as the saved one did. Loading checks the manifest
-and reads safetensors and JSON only: no pickled code runs.
+config.json holds every PolicyConfig field (the normalization mode, the prediction type and the
+DDIM spacing among them) and model.safetensors the weights with the normalizer's scale and
+offset, so a loaded policy normalises, encodes and samples as the saved one did. Loading checks
+the manifest and reads safetensors and JSON only: no pickled code runs.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def load_policy(folder: Path) -> DiffusionPolicy:
     if problems:
         raise ValueError(f"policy {folder} is damaged: {'; '.join(problems)}")
     raw = json.loads((Path(folder) / "config.json").read_text())["policy"]
-    # Every field, none defaulted: a default describes how a new policy is built (the pooling, the
-    # normalization), not how this one was trained.
+    # Every field, none defaulted: a default describes how a new policy is built (the normalization,
+    # the prediction type), not how this one was trained.
     names = {f.name for f in fields(PolicyConfig)}
     missing, unknown = sorted(names - raw.keys()), sorted(raw.keys() - names)
     problems = ([f"lacks {', '.join(missing)}"] if missing else []) + (

@@ -1,4 +1,5 @@
-"""The conditional 1-D temporal U-Net that predicts the noise in an action sequence.
+"""The conditional 1-D temporal U-Net that denoises an action sequence: it outputs what
+`prediction_type` names (the noise, the clean sequence or the velocity).
 
 Shapes: B batch, T horizon, A action dim, C global condition dim. Each residual block is
 modulated by FiLM (a per-channel scale and bias computed from the diffusion step embedding

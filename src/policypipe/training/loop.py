@@ -47,7 +47,7 @@ from policypipe.training.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from policypipe.training.data import WindowDataset
+from policypipe.dataset.window_dataset import WindowDataset
 
 log = logging.getLogger(__name__)
 

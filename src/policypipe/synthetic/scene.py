@@ -1,5 +1,5 @@
-"""The synthetic pick-and-place scene behind the sample recordings: ground-truth motion,
-a wrist-camera renderer and a machine-readable timecode.
+"""The synthetic pick-and-place scene behind the sample recordings: the table, the target, the
+gripper's fingers, a wrist-camera renderer and a machine-readable timecode.
 
 World frame (the VIO frame of the sample): z up, the table top is the plane z = 0.
 Tool frame (the gripper tool-centre point, TCP): +z is the approach direction (pointing
@@ -11,21 +11,21 @@ fingers appear at the bottom of the image and the table ahead of the gripper fil
 rest. Everything the demonstrator does next (where to move, when to close) is visible in
 the image and nowhere else: the target block is placed at random for every recording.
 
-Ground truth is continuous in time (`MotionPlan.pose_at`, `MotionPlan.width_at` take any
-int64 nanosecond timestamps), so a test can evaluate it at whatever camera timestamps a
-recording ended up with. Positions and widths are quantised to 0.1 um and quaternion
-components to 1e-9: far below anything measurable, but it keeps last-bit differences
-between math libraries of different machines out of the written bytes.
+The demonstrator's motion in it is `motion.MotionPlan`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
 from scipy.spatial.transform import Rotation
+
+if TYPE_CHECKING:  # motion imports this module: its plans are only passed in here
+    from policypipe.synthetic.motion import MotionPlan
 
 # --- the camera ---------------------------------------------------------------------------
 
@@ -79,228 +79,6 @@ class Scene:
     table_center: np.ndarray  # (2,)
     table_bgr: tuple[int, int, int]
     texture_seed: int
-
-
-@dataclass(frozen=True, eq=False)
-class MotionPlan:
-    """One recording's continuous ground truth: the demonstrator's TCP pose, the gripper
-    width and the target block, as functions of absolute capture time (Unix ns).
-
-    The motion is piecewise minimum-jerk between knots (hand movements start and stop
-    smoothly) plus a small smooth wobble (a hand is never still). Before the first and
-    after the last knot the hand holds still (plus wobble).
-    """
-
-    start_ns: int
-    end_ns: int
-    knot_s: np.ndarray  # (K,) seconds since start_ns, strictly increasing
-    knot_position: np.ndarray  # (K, 3) TCP position, m
-    knot_yaw: np.ndarray  # (K,) rad, about world z
-    knot_width: np.ndarray  # (K,) m
-    tilt_rad: tuple[float, float]  # constant (roll, pitch) of the hand about tool x and y
-    wobble_hz: np.ndarray  # (M, 6) frequencies per component: x, y, z, roll, pitch, yaw
-    wobble_phase: np.ndarray  # (M, 6)
-    wobble_amp: np.ndarray  # (M, 6) m for x y z, rad for the angles
-    attach_s: float  # the block is held from here (fingers closed on it) ...
-    release_s: float  # ... to here (fingers start to open)
-    scene: Scene
-
-    @property
-    def duration_s(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e9
-
-    @property
-    def events_ns(self) -> dict[str, int]:
-        """Moments a test may want to look at: grasp (block held) and release."""
-        return {
-            "grasp": self.start_ns + int(round(self.attach_s * 1e9)),
-            "release": self.start_ns + int(round(self.release_s * 1e9)),
-        }
-
-    def _seconds(self, t_ns: np.ndarray) -> np.ndarray:
-        # Subtract in integers first: float64 cannot hold absolute Unix ns exactly.
-        return (np.asarray(t_ns, dtype=np.int64) - np.int64(self.start_ns)).astype(np.float64) / 1e9
-
-    def _wobble(self, t_s: np.ndarray) -> np.ndarray:
-        """(N, 6) smooth hand tremor: a few slow sinusoids per component."""
-        angle = 2.0 * np.pi * self.wobble_hz[None] * t_s[:, None, None] + self.wobble_phase[None]
-        return (self.wobble_amp[None] * np.sin(angle)).sum(axis=1)
-
-    def _tool_rotation(self, t_s: np.ndarray) -> Rotation:
-        wobble = self._wobble(t_s)
-        yaw = _min_jerk(self.knot_s, self.knot_yaw[:, None], t_s)[:, 0] + wobble[:, 5]
-        roll = self.tilt_rad[0] + wobble[:, 3]
-        pitch = self.tilt_rad[1] + wobble[:, 4]
-        # Yaw about world z, then point the tool down (half turn about x), then the hand's
-        # small tilts about its own axes.
-        return (
-            Rotation.from_euler("z", yaw[:, None])
-            * Rotation.from_rotvec([math.pi, 0.0, 0.0])
-            * Rotation.from_euler("x", roll[:, None])
-            * Rotation.from_euler("y", pitch[:, None])
-        )
-
-    def _heading(self, t_s: np.ndarray) -> np.ndarray:
-        """(N,) direction of the tool's x axis on the table, rad."""
-        x_axis = self._tool_rotation(t_s).as_matrix()[:, :, 0]
-        return np.arctan2(x_axis[:, 1], x_axis[:, 0])
-
-    def pose_at(self, t_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """TCP pose at capture times `t_ns` (N,) int64: positions (N, 3) m and unit
-        quaternions (N, 4) xyzw, in the world frame. The quaternion sign is chosen on the
-        hemisphere of the start orientation, so consecutive samples never flip sign."""
-        t_s = self._seconds(np.atleast_1d(t_ns))
-        position = _min_jerk(self.knot_s, self.knot_position, t_s) + self._wobble(t_s)[:, :3]
-        quat = self._tool_rotation(t_s).as_quat()
-        reference = (
-            Rotation.from_euler("z", self.knot_yaw[0]) * Rotation.from_rotvec([math.pi, 0, 0])
-        ).as_quat()
-        quat = np.where((quat @ reference)[:, None] < 0.0, -quat, quat)
-        return np.round(position, 7), np.round(quat, 9)
-
-    def width_at(self, t_ns: np.ndarray) -> np.ndarray:
-        """Gripper opening (N,) m at capture times `t_ns` (N,) int64."""
-        t_s = self._seconds(np.atleast_1d(t_ns))
-        return np.round(_min_jerk(self.knot_s, self.knot_width[:, None], t_s)[:, 0], 7)
-
-    def target_at(self, t_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Centre (N, 3) m and yaw (N,) rad of the target block: on the table until the
-        fingers close on it, then carried by the TCP, then left where it was released."""
-        t_s = self._seconds(np.atleast_1d(t_ns))
-        size = self.scene.target_size
-        on_table = np.array([*self.scene.target_xy, size[2] / 2.0])
-        centre = np.tile(on_table, (len(t_s), 1))
-        yaw = np.full(len(t_s), self.scene.target_yaw)
-        held = (t_s >= self.attach_s) & (t_s < self.release_s)
-        released = t_s >= self.release_s
-        key_s = np.array([self.attach_s, self.release_s])
-        key_pos = _min_jerk(self.knot_s, self.knot_position, key_s) + self._wobble(key_s)[:, :3]
-        key_yaw = self._heading(key_s)
-        # The block keeps the yaw it had relative to the fingers when they closed on it.
-        yaw_in_hand = self.scene.target_yaw - key_yaw[0]
-        if held.any():
-            ts = t_s[held]
-            centre[held] = _min_jerk(self.knot_s, self.knot_position, ts) + self._wobble(ts)[:, :3]
-            yaw[held] = self._heading(ts) + yaw_in_hand
-        if released.any():
-            centre[released] = [key_pos[1, 0], key_pos[1, 1], size[2] / 2.0]
-            yaw[released] = key_yaw[1] + yaw_in_hand
-        return centre, yaw
-
-
-def _min_jerk(knot_s: np.ndarray, values: np.ndarray, t_s: np.ndarray) -> np.ndarray:
-    """Piecewise minimum-jerk interpolation of `values` (K, D) at `t_s` (N,) -> (N, D):
-    zero velocity and acceleration at every knot, constant outside the knots."""
-    k = len(knot_s)
-    i = np.clip(np.searchsorted(knot_s, t_s, side="right") - 1, 0, k - 2)
-    tau = np.clip((t_s - knot_s[i]) / (knot_s[i + 1] - knot_s[i]), 0.0, 1.0)
-    s = tau**3 * (10.0 - 15.0 * tau + 6.0 * tau**2)
-    return values[i] + (values[i + 1] - values[i]) * s[:, None]
-
-
-def _wrap(angle: float) -> float:
-    return (angle + math.pi) % (2.0 * math.pi) - math.pi
-
-
-def plan_motion(rng: np.random.Generator, start_ns: int, duration_s: float | None = None) -> MotionPlan:
-    """A pick-and-place demonstration with a random scene: start behind the block, approach
-    above it while turning the fingers across it, descend, close, lift, carry to the place
-    marker, lower, open, retreat. Episodes last 7-11 s; `duration_s` rescales the phases to
-    an exact length (>= 2 s)."""
-    if duration_s is not None and not (2.0 <= duration_s <= 600.0):
-        raise ValueError(f"duration_s={duration_s}: use a duration between 2 and 600 seconds")
-
-    heading = float(rng.uniform(-math.pi, math.pi))  # direction the demonstrator works in
-    forward = np.array([math.cos(heading), math.sin(heading)])
-    left = np.array([-forward[1], forward[0]])
-
-    narrow = float(rng.uniform(0.022, 0.030))
-    size = (narrow, float(rng.uniform(0.05, 0.07)), float(rng.uniform(0.035, 0.05)))
-    target_xy = np.array([0.45, 0.0]) + rng.uniform(-0.08, 0.08, size=2)
-    target_yaw = float(rng.uniform(-math.pi, math.pi))
-    place_dir = heading + float(rng.uniform(-1.0, 1.0))
-    place_xy = target_xy + float(rng.uniform(0.15, 0.24)) * np.array(
-        [math.cos(place_dir), math.sin(place_dir)]
-    )
-
-    start_yaw = heading + float(rng.uniform(-0.15, 0.15))
-    # The fingers close across the narrow side, so the tool's x axis lies along the block's
-    # long side; of the two ways to do that, the hand takes the one closer to where it points.
-    grasp_yaw = start_yaw + _wrap(2.0 * (target_yaw - start_yaw)) / 2.0
-    place_yaw = grasp_yaw + float(rng.uniform(-0.5, 0.5))
-
-    start = np.array(
-        [
-            *(target_xy - rng.uniform(0.12, 0.22) * forward + rng.uniform(-0.06, 0.06) * left),
-            rng.uniform(0.20, 0.28),
-        ]
-    )
-    grasp_z = size[2] / 2.0
-    above = np.array([*(target_xy + rng.normal(0.0, 0.003, 2)), size[2] + rng.uniform(0.08, 0.12)])
-    grasp = np.array([above[0], above[1], grasp_z + 0.003])
-    lifted = np.array([grasp[0], grasp[1], rng.uniform(0.12, 0.16)])
-    over_place = np.array([*(place_xy + rng.normal(0.0, 0.004, 2)), lifted[2] + rng.uniform(-0.02, 0.02)])
-    placed = np.array([over_place[0], over_place[1], grasp_z + 0.005])
-    retreat = placed + np.array([*(-rng.uniform(0.0, 0.05) * forward), rng.uniform(0.08, 0.12)])
-
-    width_open = float(rng.uniform(0.078, WIDTH_OPEN_M))
-    width_closed = narrow - 0.001  # the fingers squeeze the block a little
-
-    # (phase duration s, position, yaw, width) reached at the end of each phase
-    phases = [
-        (rng.uniform(0.4, 0.7), start, start_yaw, width_open),  # hold still
-        (rng.uniform(1.4, 2.2), above, grasp_yaw, width_open),  # approach
-        (rng.uniform(0.8, 1.2), grasp, grasp_yaw, width_open),  # descend
-        (rng.uniform(0.4, 0.6), grasp, grasp_yaw, width_closed),  # close
-        (rng.uniform(0.15, 0.25), grasp, grasp_yaw, width_closed),  # settle
-        (rng.uniform(0.7, 1.0), lifted, grasp_yaw, width_closed),  # lift
-        (rng.uniform(1.2, 1.8), over_place, place_yaw, width_closed),  # carry
-        (rng.uniform(0.6, 0.9), placed, place_yaw, width_closed),  # lower
-        (rng.uniform(0.3, 0.5), placed, place_yaw, width_open),  # open
-        (rng.uniform(0.6, 0.9), retreat, place_yaw, width_open),  # retreat
-        (rng.uniform(0.3, 0.6), retreat, place_yaw, width_open),  # hold still
-    ]
-    durations = np.array([p[0] for p in phases])
-    if duration_s is not None:
-        durations *= duration_s / durations.sum()
-    knot_s = np.concatenate([[0.0], np.cumsum(durations)])
-    knot_position = np.array([start] + [p[1] for p in phases])
-    knot_yaw = np.array([start_yaw] + [p[2] for p in phases])
-    knot_width = np.array([width_open] + [p[3] for p in phases])
-
-    m = 3
-    wobble_hz = rng.uniform(0.2, 1.3, size=(m, 6))
-    wobble_phase = rng.uniform(0.0, 2.0 * np.pi, size=(m, 6))
-    # ~2 mm of positional tremor, ~0.6 deg of angular tremor per component.
-    wobble_amp = np.concatenate(
-        [rng.uniform(0.0005, 0.0012, size=(m, 3)), np.radians(rng.uniform(0.1, 0.35, size=(m, 3)))], axis=1
-    )
-
-    scene = Scene(
-        target_xy=target_xy,
-        target_yaw=target_yaw,
-        target_size=size,
-        place_xy=place_xy,
-        place_yaw=place_yaw,
-        table_center=(target_xy + place_xy) / 2.0,
-        table_bgr=TABLE_PALETTE_BGR[int(rng.integers(len(TABLE_PALETTE_BGR)))],
-        texture_seed=int(rng.integers(2**31)),
-    )
-    return MotionPlan(
-        start_ns=int(start_ns),
-        end_ns=int(start_ns) + int(round(float(knot_s[-1]) * 1e9)),
-        knot_s=knot_s,
-        knot_position=knot_position,
-        knot_yaw=knot_yaw,
-        knot_width=knot_width,
-        tilt_rad=(float(np.radians(rng.uniform(-5, 5))), float(np.radians(rng.uniform(-5, 5)))),
-        wobble_hz=wobble_hz,
-        wobble_phase=wobble_phase,
-        wobble_amp=wobble_amp,
-        attach_s=float(knot_s[4]),  # end of "close"
-        release_s=float(knot_s[8]),  # start of "open"
-        scene=scene,
-    )
 
 
 # --- rendering ----------------------------------------------------------------------------

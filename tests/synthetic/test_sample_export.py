@@ -17,22 +17,18 @@ from mcap.reader import NonSeekingReader, make_reader
 from mcap_protobuf.decoder import DecoderFactory
 from scipy.spatial.transform import Rotation
 
-from policypipe.recordings import sample
-from policypipe.recordings.sample import (
-    DEFECT_NAMES,
-    SampleConfig,
+from policypipe.synthetic import export as sample_export
+from policypipe.synthetic.export import DEFECT_NAMES, SampleConfig, write_sample_export
+from policypipe.synthetic.motion import plan_motion
+from policypipe.synthetic.recording import (
     StreamTiming,
-    plan_motion,
     random_timing,
-    read_timecode,
-    render_frame,
     simulate_recording,
-    timecode_value,
     write_raw_mcap,
-    write_sample_export,
     write_simulated_vio,
     write_vio_mcap,
 )
+from policypipe.synthetic.scene import read_timecode, render_frame, timecode_value
 
 MCAP_MAGIC = b"\x89MCAP0\r\n"
 SMALL = dict(image_width=96, image_height=72)
@@ -119,7 +115,7 @@ CONFIG = SampleConfig(recordings=3, seed=5, **SMALL)
 
 
 @pytest.fixture(scope="module")
-def export(tmp_path_factory) -> sample.SampleExport:
+def export(tmp_path_factory) -> sample_export.SampleExport:
     return write_sample_export(tmp_path_factory.mktemp("sample") / "export", CONFIG, workers=2)
 
 
@@ -174,14 +170,14 @@ def test_an_empty_out_dir_is_filled(tmp_path: Path) -> None:
 
 
 def test_a_failed_run_leaves_no_export_and_no_temporary_folder(tmp_path: Path, monkeypatch) -> None:
-    real_run_job = sample._run_job
+    real_run_job = sample_export._run_job
 
     def crash_on_second(root: str, job):
         if job.index == 1:
             raise RuntimeError("killed")
         return real_run_job(root, job)
 
-    monkeypatch.setattr(sample, "_run_job", crash_on_second)
+    monkeypatch.setattr(sample_export, "_run_job", crash_on_second)
     with pytest.raises(RuntimeError, match="killed"):
         write_sample_export(
             tmp_path / "export", SampleConfig(recordings=2, defects=False, **SMALL), workers=1

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from policypipe.recordings import episode
-from policypipe.recordings.episode import ConvertConfig, build_episode, clean_pose_span, measured_frequency
-from policypipe.recordings.sample import _H264Encoder
+from policypipe.dataset import episode
+from policypipe.dataset.convert_config import ConvertConfig
+from policypipe.dataset.episode import build_episode, clean_pose_span, measured_frequency
 from policypipe.recordings.streams import RecordingError, Streams
+from policypipe.synthetic.recording import _H264Encoder
 
 T0 = 1_762_160_000_000_000_000  # absolute ns, large enough that float64 seconds would lose precision
 CONFIG = ConvertConfig(image_size=(32, 24), min_frames=5)

@@ -7,8 +7,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from policypipe.dataset import layout
+from policypipe.dataset.window_dataset import WindowDataset
 from policypipe.dataset.windows import WindowConfig
-from policypipe.training.data import WindowDataset
 from tests.dataset.conftest import make_store
 
 WINDOW = WindowConfig(n_obs_steps=2, horizon=6, n_action_steps=3)
