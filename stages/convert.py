@@ -14,9 +14,9 @@ from tqdm import tqdm
 from policypipe.atomic import write_json_atomic
 from policypipe.cluster.slurm import SlurmError
 from policypipe.dataset.convert import DatasetError, convert_dataset, converter_identity
+from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.fingerprint import fingerprint
 from policypipe.lineage.provenance import StageRun
-from policypipe.recordings.episode import ConvertConfig
 
 
 def main() -> None:

@@ -24,7 +24,8 @@ from policypipe.lineage.hashing import sha256_file, sha256_path
 from policypipe.lineage.provenance import StageRun
 from policypipe.policy.export import save_policy
 from policypipe.training.checkpoint import CheckpointError
-from policypipe.training.loop import train, train_config_from_params
+from policypipe.training.config import train_config_from_params
+from policypipe.training.loop import train
 
 
 class Logger:

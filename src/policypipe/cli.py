@@ -126,7 +126,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _smoke(args: argparse.Namespace) -> int:
     from policypipe.config import ConfigError, read_section
-    from policypipe.training.loop import train_config_from_params
+    from policypipe.training.config import train_config_from_params
     from policypipe.training.smoke import run_smoke
 
     try:
@@ -296,7 +296,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
     from policypipe import doctor
     from policypipe.config import ConfigError, read_section
-    from policypipe.training.loop import train_config_from_params
+    from policypipe.training.config import train_config_from_params
 
     repo = Path.cwd()
     try:

@@ -24,7 +24,8 @@ from ruamel.yaml import YAML
 from policypipe.config import read_section, require_same_window
 from policypipe.lineage.hashing import sha256_file
 from policypipe.policy.export import save_policy
-from policypipe.training.loop import train, train_config_from_params
+from policypipe.training.config import train_config_from_params
+from policypipe.training.loop import train
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,8 @@ from policypipe.dataset.windows import WindowConfig
 from policypipe.policy.config import PolicyConfig
 from policypipe.recordings.pairing import PairConfig, pair_export
 from policypipe.synthetic.export import SampleConfig, write_sample_export
-from policypipe.training.loop import TrainConfig, train
+from policypipe.training.config import TrainConfig
+from policypipe.training.loop import train
 
 REPO = Path(__file__).resolve().parents[2]
 

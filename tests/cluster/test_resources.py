@@ -8,7 +8,7 @@ import pytest
 
 from policypipe.cluster.resources import SlurmAllocationConfig, SlurmArrayConfig, with_local_values
 from policypipe.config import ConfigError
-from policypipe.training.loop import train_config_from_params
+from policypipe.training.config import train_config_from_params
 
 
 def test_the_untracked_file_sets_where_jobs_run_and_nothing_else(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from policypipe.atomic import write_json_atomic
 from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.dataset.windows import WindowConfig
 from policypipe.policy.config import PolicyConfig
-from policypipe.training.loop import TrainConfig
+from policypipe.training.config import TrainConfig
 from tests.dataset.conftest import make_store
 
 WINDOW = WindowConfig(n_obs_steps=2, horizon=8, n_action_steps=4)

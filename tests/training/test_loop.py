@@ -19,7 +19,8 @@ import torch
 from safetensors.torch import load_file
 
 from policypipe.training.checkpoint import CheckpointError, load_checkpoint
-from policypipe.training.loop import TrainConfig, ema_decay, train
+from policypipe.training.config import TrainConfig
+from policypipe.training.loop import ema_decay, train
 from tests.training.conftest import CONFIG
 
 

@@ -44,7 +44,7 @@ def sections(train: dict | None = None, policy: dict | None = None) -> tuple[dic
 
 
 def test_the_demo_sections_build() -> None:
-    from policypipe.training.loop import train_config_from_params
+    from policypipe.training.config import train_config_from_params
 
     config = train_config_from_params(*sections())
     assert config.model.horizon == 8 and config.val_every == 4 and config.model.down_dims == (16, 32)
@@ -87,7 +87,7 @@ def test_the_demo_sections_build() -> None:
     ],
 )
 def test_a_train_config_that_cannot_work_is_refused_naming_the_key_and_range(train, policy, named) -> None:
-    from policypipe.training.loop import train_config_from_params
+    from policypipe.training.config import train_config_from_params
 
     with pytest.raises(ConfigError) as info:
         train_config_from_params(*sections(train, policy))
@@ -180,7 +180,8 @@ def test_training_refuses_statistics_made_for_another_policy_section_whoever_cal
     dataset, tmp_path: Path
 ) -> None:
     """The library checks too: `policypipe smoke` and scripts call `train()` without the stage."""
-    from policypipe.training.loop import train, train_config_from_params
+    from policypipe.training.config import train_config_from_params
+    from policypipe.training.loop import train
 
     store, stats_path = dataset
     config = train_config_from_params(*sections({}, {"horizon": 16}))  # the statistics are for horizon 8

@@ -14,8 +14,8 @@ import torch
 import zarr
 
 from policypipe.dataset.frame_shards import UnreadableFrame
-from policypipe.dataset.windows import EpisodeStreams, WindowConfig
 from policypipe.dataset.window_dataset import WindowDataset
+from policypipe.dataset.windows import EpisodeStreams, WindowConfig
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,8 @@ from safetensors.torch import load_file
 
 from policypipe.config import from_mapping
 from policypipe.lineage.hashing import sha256_file
-from policypipe.training.loop import TrainConfig, train
+from policypipe.training.config import TrainConfig
+from policypipe.training.loop import train
 
 # On a GPU: learning rate and losses within this fraction of max(1, |value|) of the uninterrupted
 # run's, and each final EMA weight tensor within this fraction of its norm (|a - b| <= rtol |a|).

@@ -1,0 +1,188 @@
+"""The `train` section of params.yaml, checked when built: a config that cannot work fails here,
+before any work starts, naming the param to change.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+from policypipe.atomic import canonical_json
+from policypipe.cluster.resources import SlurmAllocationConfig
+from policypipe.config import ConfigError, from_mapping
+from policypipe.dataset.windows import WindowConfig
+from policypipe.policy.config import PolicyConfig, unet_horizon_multiple
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """`train` section of params.yaml (model sizes in `train.model`)."""
+
+    seed: int = 0
+    steps: int = 2000
+    batch_size: int = 64  # per optimizer step, over all processes and accumulation
+    grad_accum: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 1e-6
+    warmup_steps: int = 200
+    grad_clip: float = 1.0
+    # The EMA of the weights (what is evaluated and exported) follows the reference's power schedule
+    # (Chi et al.'s EMAModel, see `ema_decay`): after optimizer step n (0-based), with s = n - 1, it is
+    # 0 while s <= 0, then 1 - (1 + s / ema_inv_gamma) ** -ema_power clamped to
+    # [ema_min_decay, ema_max_decay].
+    ema_inv_gamma: float = 1.0
+    ema_power: float = 0.75
+    ema_min_decay: float = 0.0
+    ema_max_decay: float = 0.9999
+    # Intra-op threads of CPU work. On CPU the weights depend on it (a reduction split over more threads
+    # adds in another order), so it is pinned, not left to the machine's core count.
+    cpu_threads: int = 1
+    mixed_precision: str = "no"  # "no" | "bf16"
+    num_workers: int = 2
+    val_every: int = 100
+    val_batches: int = 4
+    checkpoint_every: int = 200
+    keep_top_k: int = 2
+    num_processes: int = 1
+    # local: this machine (num_processes > 1: relaunched with torch's launcher); slurm: the stage
+    # submits itself as one job of num_processes processes over slurm.nodes nodes.
+    launcher: Literal["local", "slurm"] = "local"
+    slurm: SlurmAllocationConfig = field(default_factory=SlurmAllocationConfig)
+    # Where checkpoints go when data/train cannot be written (disk full, quota); null: nowhere.
+    # A resume considers its checkpoints too, and takes the newest of this setup.
+    fallback_dir: str | None = None
+    # Out of memory in the first steps: halve the per-device batch and double grad_accum (the
+    # batch per optimizer step is kept), down to this many samples per device.
+    min_device_batch: int = 2
+    model: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def __post_init__(self) -> None:
+        # Each value checked alone first, naming its range, so a bad one is reported as itself
+        # (num_processes 0 would otherwise surface as a division by zero below).
+        for name in (
+            "steps",
+            "batch_size",
+            "grad_accum",
+            "val_every",
+            "val_batches",
+            "checkpoint_every",
+            "num_processes",
+            "min_device_batch",
+            "cpu_threads",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "keep_top_k", "num_workers"):  # keep_top_k 0: `latest` only
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        # `not x > 0` is true for NaN too. A zero learning rate never moves the weights, and a zero
+        # clip norm zeroes every gradient: the run would spend its budget learning nothing.
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
+        if not self.grad_clip > 0:
+            raise ValueError(
+                f"grad_clip must be > 0 (a gradient-norm limit; .inf: no clipping), got {self.grad_clip}"
+            )
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if self.batch_size % (self.grad_accum * self.num_processes):
+            raise ValueError(
+                f"batch_size {self.batch_size} must be divisible by grad_accum x num_processes "
+                f"({self.grad_accum} x {self.num_processes})"
+            )
+        if self.launcher == "slurm":
+            per_node, rest = divmod(self.num_processes, self.slurm.nodes)
+            if rest or per_node == 0:
+                raise ValueError(
+                    f"num_processes {self.num_processes} must be a multiple of "
+                    f"slurm.nodes {self.slurm.nodes} "
+                    "(the same number of processes on every node)"
+                )
+            if self.slurm.gpus_per_node not in (0, per_node):
+                raise ValueError(
+                    f"slurm.gpus_per_node {self.slurm.gpus_per_node} must be 0 (CPU processes) or the "
+                    f"processes per node, num_processes / slurm.nodes = {per_node} (one process a GPU)"
+                )
+        if self.mixed_precision not in ("no", "bf16"):
+            raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
+        for name in ("ema_inv_gamma", "ema_power"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)}")
+        if not 0 <= self.ema_min_decay <= self.ema_max_decay < 1:
+            raise ValueError(
+                f"ema_min_decay and ema_max_decay must satisfy 0 <= ema_min_decay <= ema_max_decay < 1, "
+                f"got {self.ema_min_decay} and {self.ema_max_decay}"
+            )
+
+    @property
+    def window(self) -> WindowConfig:
+        return WindowConfig(self.model.n_obs_steps, self.model.horizon, self.model.n_action_steps)
+
+    def run_determining(self) -> dict[str, Any]:
+        """What decides the weights a run ends with (not where or how fast it runs), flat and
+        in JSON form: {"lr": ..., "model.down_dims": [...], ...}."""
+        values = asdict(self)
+        # grad_accum splits the same samples into smaller micro-batches (the out-of-memory
+        # fallback changes it); a resumed run keeps the accumulation its checkpoint was made with.
+        for key in (
+            "num_workers",
+            "fallback_dir",
+            "val_every",
+            "val_batches",
+            "checkpoint_every",
+            "keep_top_k",
+            "grad_accum",
+            "min_device_batch",
+            "launcher",
+            "slurm",
+        ):
+            values.pop(key)
+        model = values.pop("model")
+        values |= {f"model.{k}": v for k, v in model.items()}
+        return json.loads(canonical_json(values))
+
+
+def train_config_from_params(
+    train: Mapping[str, Any] | None, policy: Mapping[str, Any] | None
+) -> TrainConfig:
+    """The `train` section with the shared `policy` section's window (what one sample spans) in
+    its model: what the train stage and `policypipe smoke` run with.
+
+    Where the two sections meet, their combination is checked before any work starts, in the
+    sections' own terms: the horizon is set in `policy`, the U-Net's depth in `train.model`.
+    """
+    window = from_mapping(WindowConfig, policy, "policy")
+    train = dict(train or {})
+    given = train.get("model", {})
+    model = (
+        dict(given) if isinstance(given, Mapping) else {}
+    )  # anything else: from_mapping says what it expects
+    overridden = sorted(set(model) & {f.name for f in fields(WindowConfig)})
+    if overridden:
+        # It would be replaced by the `policy` section's value without a word.
+        raise ConfigError(
+            f"params.yaml [train.model]: {', '.join(f'train.model.{k}' for k in overridden)} is set in "
+            "the shared [policy] section (stats and eval read it too): remove it from train.model"
+        )
+    down_dims = model.get("down_dims", PolicyConfig.down_dims)
+    if isinstance(down_dims, (list, tuple)) and window.horizon % unet_horizon_multiple(tuple(down_dims)):
+        multiple = unet_horizon_multiple(tuple(down_dims))
+        fits = sorted(
+            {
+                max(multiple, window.horizon // multiple * multiple),
+                (window.horizon // multiple + 1) * multiple,
+            }
+        )
+        raise ConfigError(
+            f"params.yaml: policy.horizon {window.horizon} must be a multiple of {multiple} for the U-Net "
+            f"(train.model.down_dims {list(down_dims)} has {len(down_dims)} levels; "
+            "it halves the horizon at each "
+            f"but the last): set policy.horizon to {' or '.join(map(str, fits))}, "
+            "or use fewer train.model.down_dims"
+        )
+    if isinstance(given, Mapping):
+        train["model"] = model | asdict(window)
+    return from_mapping(TrainConfig, train, "train")
