@@ -58,7 +58,7 @@ smoke: $(STAMP)
 	$(BIN)/policypipe doctor
 	$(BIN)/policypipe smoke
 
-# An SSH remote for dvc push/pull, made the default (README, "Remotes"):
+# An SSH remote for dvc push/pull, made the default (docs/lineage.md, "Remotes"):
 #   make remote HOST=user@server DIR=/srv/dvc/policypipe KEY=~/.ssh/id_ed25519 [PORT=22] [NAME=server]
 # DIR rather than PATH: PATH=... on make's command line would replace the shell's search path.
 NAME ?= server

@@ -48,7 +48,7 @@ def test_lists_become_tuples_and_choices_are_checked() -> None:
 
 def test_nested_sections_are_typed_too() -> None:
     from policypipe.dataset.convert_config import ConvertConfig
-    from policypipe.recordings.streams import Topics
+    from policypipe.recordings.messages import Topics
 
     config = from_mapping(ConvertConfig, {"topics": {"camera": "/camera0/video"}}, "convert")
     assert config.topics == Topics(camera="/camera0/video")

@@ -1,5 +1,5 @@
 """Experiments on the pipeline: a queued two-point sweep in a temporary clone, compared with
-`dvc exp show`, `dvc metrics diff` and `dvc plots diff`, as the README shows users."""
+`dvc exp show`, `dvc metrics diff` and `dvc plots diff`, as docs/evaluation.md, "Experiments", shows users."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""README, "Server", step by step: a laptop with the export, a GPU server with only the dataset.
+"""docs/cluster.md, "Server", step by step: a laptop with the export, a GPU server with only the dataset.
 
 Three real git repositories (a bare one as the shared origin) and the SSH remote on a loopback
 sshd. The "laptop" pairs, converts and computes the statistics, then pushes; the "server"
 clones, pulls only what training needs (never data/raw), trains and evaluates with `dvc repro
 --allow-missing` (pair and convert are skipped, their input is not there), and pushes; the
 laptop pulls the policy, verifies it and walks its lineage down to the recordings. The one
-README step not taken here is `make setup`: the server uses this test's environment.
+The step not taken here is `make setup`: the server uses this test's environment.
 """
 
 from __future__ import annotations

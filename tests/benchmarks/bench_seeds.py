@@ -1,5 +1,5 @@
 """Trains one configuration with several seeds on the pipeline's dataset, for claims that must
-hold across seeds (README, "Measured choices"): a policy per seed, then `policypipe compare`
+hold across seeds (docs/training.md, "Measured choices"): a policy per seed, then `policypipe compare`
 summarises them with confidence intervals that include seed-to-seed variation.
 
     python -m tests.benchmarks.bench_seeds --out runs/minmax --seeds 0 1 2 \

@@ -18,11 +18,12 @@ from scipy.spatial.transform import Rotation
 
 from policypipe.atomic import write_json_atomic
 from policypipe.dataset import layout
-from policypipe.dataset.convert import DatasetError, convert_dataset
+from policypipe.dataset.convert import convert_dataset
 from policypipe.dataset.convert_config import ConvertConfig
+from policypipe.dataset.errors import DatasetError
 from policypipe.lineage.hashing import sha256_path
+from policypipe.recordings.messages import Topics
 from policypipe.recordings.pairing import PairConfig, pair_export
-from policypipe.recordings.streams import Topics
 from policypipe.synthetic.motion import plan_motion
 from policypipe.synthetic.recording import StreamTiming, write_raw_mcap, write_vio_mcap
 from policypipe.synthetic.scene import read_timecode, timecode_value
@@ -343,15 +344,15 @@ def test_a_recording_that_breaks_the_converter_is_excluded_and_the_others_kept(
     tmp_path: Path, monkeypatch
 ) -> None:
     # Stands for any bug or library failure on input nobody foresaw (not a RecordingError).
-    import policypipe.dataset.convert as convert_module
+    import policypipe.dataset.convert_workers as workers_module
 
     def read_streams(path: Path, topics):
         if path.name.startswith("b_"):
             raise KeyError("nobody expected this")
         return real_read_streams(path, topics)
 
-    real_read_streams = convert_module.read_streams
-    monkeypatch.setattr(convert_module, "read_streams", read_streams)
+    real_read_streams = workers_module.read_streams
+    monkeypatch.setattr(workers_module, "read_streams", read_streams)
     export = tmp_path / "export"
     export.mkdir()
     for i, stem in enumerate(["a_good", "b_breaks", "c_good"]):
@@ -414,22 +415,22 @@ def test_an_edited_converter_misses_the_cache_and_converts_anew(tmp_path: Path) 
 
 
 def test_a_decisive_library_version_is_part_of_the_cache_key(monkeypatch) -> None:
-    import policypipe.dataset.convert as convert_module
+    import policypipe.dataset.convert_cache as cache_module
 
-    record = convert_module.RecordingInput("a", "", Path("a_vio.mcap"), "0" * 64, False, None)
-    before = convert_module.cache_key(record, CONFIG)
-    for name in convert_module.DECISIVE_DISTRIBUTIONS:
-        real = convert_module._distribution_version
+    record = cache_module.RecordingInput("a", "", Path("a_vio.mcap"), "0" * 64, False, None)
+    before = cache_module.cache_key(record, CONFIG)
+    for name in cache_module.DECISIVE_DISTRIBUTIONS:
+        real = cache_module._distribution_version
         monkeypatch.setattr(
-            convert_module,
+            cache_module,
             "_distribution_version",
             lambda n, name=name, real=real: "0.0" if n == name else real(n),
         )
-        convert_module.converter_identity.cache_clear()
-        assert convert_module.cache_key(record, CONFIG) != before, name
+        cache_module.converter_identity.cache_clear()
+        assert cache_module.cache_key(record, CONFIG) != before, name
         monkeypatch.undo()
-    convert_module.converter_identity.cache_clear()
-    assert convert_module.cache_key(record, CONFIG) == before
+    cache_module.converter_identity.cache_clear()
+    assert cache_module.cache_key(record, CONFIG) == before
 
 
 @pytest.fixture
@@ -631,15 +632,15 @@ def test_a_recording_that_kills_its_worker_process_is_excluded_and_the_others_ke
     tmp_path: Path, monkeypatch, workers: int
 ) -> None:
     # Stands for the kernel's out-of-memory killer or a crash inside a decoder: the worker dies.
-    import policypipe.dataset.convert as convert_module
+    import policypipe.dataset.convert_workers as workers_module
 
     def read_streams(path: Path, topics):
         if path.name.startswith("b_"):
             os.kill(os.getpid(), signal.SIGKILL)
         return real_read_streams(path, topics)
 
-    real_read_streams = convert_module.read_streams
-    monkeypatch.setattr(convert_module, "read_streams", read_streams)  # forked workers inherit it
+    real_read_streams = workers_module.read_streams
+    monkeypatch.setattr(workers_module, "read_streams", read_streams)  # forked workers inherit it
     export = tmp_path / "export"
     export.mkdir()
     for i, stem in enumerate(["a_good", "b_dies", "c_good", "d_good"]):

@@ -17,7 +17,8 @@ from scipy.spatial.transform import Rotation
 from policypipe.dataset import episode
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.episode import build_episode, clean_pose_span, measured_frequency
-from policypipe.recordings.streams import RecordingError, Streams
+from policypipe.recordings.messages import RecordingError
+from policypipe.recordings.streams import Streams
 from policypipe.synthetic.recording import _H264Encoder
 
 T0 = 1_762_160_000_000_000_000  # absolute ns, large enough that float64 seconds would lose precision

@@ -22,7 +22,8 @@ from mcap.writer import CompressionType, IndexType, Writer
 from mcap_protobuf.schema import build_file_descriptor_set
 
 from policypipe.config import ConfigError, from_mapping
-from policypipe.recordings.streams import RecordingError, Streams, Topics, read_streams
+from policypipe.recordings.messages import RecordingError, Topics
+from policypipe.recordings.streams import Streams, read_streams
 from policypipe.synthetic.motion import plan_motion
 from policypipe.synthetic.recording import StreamTiming, write_vio_mcap
 from tests.conftest import MCAP_SAMPLES

@@ -20,7 +20,8 @@ from safetensors.torch import load_file
 
 from policypipe.training.checkpoint import CheckpointError, load_checkpoint
 from policypipe.training.config import TrainConfig
-from policypipe.training.loop import ema_decay, train
+from policypipe.training.loop import train
+from policypipe.training.schedules import ema_decay
 from tests.training.conftest import CONFIG
 
 
@@ -153,9 +154,9 @@ def test_a_finished_run_with_another_config_starts_fresh(dataset, tmp_path: Path
 def test_a_checkpoint_that_cannot_be_written_does_not_stop_training(
     dataset, tmp_path: Path, monkeypatch
 ) -> None:
-    import policypipe.training.loop as loop
+    import policypipe.training.checkpoint as checkpoint
 
-    real_save = loop.save_checkpoint
+    real_save = checkpoint.save_checkpoint
     calls = {"n": 0}
 
     def failing_save(folder, state):
@@ -164,7 +165,7 @@ def test_a_checkpoint_that_cannot_be_written_does_not_stop_training(
             raise OSError(28, "No space left on device")
         return real_save(folder, state)
 
-    monkeypatch.setattr(loop, "save_checkpoint", failing_save)
+    monkeypatch.setattr(checkpoint, "save_checkpoint", failing_save)
     result = run_training(dataset, tmp_path / "run", fallback_dir=str(tmp_path / "fallback"))
 
     assert result.steps == CONFIG.steps  # training went on
@@ -182,10 +183,10 @@ def test_a_checkpoint_that_cannot_be_written_does_not_stop_training(
 def test_resume_takes_the_newest_checkpoint_also_from_the_fallback_dir(
     dataset, tmp_path: Path, monkeypatch, run_folder_until: int
 ) -> None:
-    import policypipe.training.loop as loop
+    import policypipe.training.checkpoint as checkpoint
 
     run_training(dataset, tmp_path / "straight")
-    real_save = loop.save_checkpoint
+    real_save = checkpoint.save_checkpoint
 
     def disk_full(folder, state):  # the run folder's disk fills up after step `run_folder_until`
         if "fallback" not in str(folder) and state.trainer["step"] > run_folder_until:
@@ -194,7 +195,7 @@ def test_resume_takes_the_newest_checkpoint_also_from_the_fallback_dir(
 
     fallback = tmp_path / "fallback"
     with monkeypatch.context() as patch:
-        patch.setattr(loop, "save_checkpoint", disk_full)
+        patch.setattr(checkpoint, "save_checkpoint", disk_full)
         run_training(dataset, tmp_path / "run", fallback_dir=str(fallback), stop_after=8)  # then killed
     assert load_checkpoint(fallback / "latest").trainer["step"] == 8
     assert (tmp_path / "run" / "checkpoints" / "latest").exists() == (run_folder_until > 0)
@@ -303,15 +304,16 @@ import json, os, sys
 from dataclasses import replace
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
+import policypipe.training.checkpoint as checkpoint
 import policypipe.training.loop as loop
 from tests.training.conftest import CONFIG
 
-real_save = loop.save_checkpoint
+real_save = checkpoint.save_checkpoint
 def recording_save(folder, state):  # who writes checkpoints, next to the run folder
     with open(Path(folder).parents[2] / "writers.txt", "a") as f:
         f.write(os.environ["RANK"] + "\\n")
     return real_save(folder, state)
-loop.save_checkpoint = recording_save
+checkpoint.save_checkpoint = recording_save
 
 stats = json.loads(Path(sys.argv[2]).read_text())
 config = replace(CONFIG, num_processes=2, steps=6, checkpoint_every=3, val_every=3)
@@ -441,10 +443,9 @@ def test_out_of_memory_on_one_of_two_processes_backs_off_on_both_instead_of_hang
 ) -> None:
     # 8 samples per step over 2 processes: 4 per process, more than rank 1 holds. Without agreeing,
     # rank 0 would wait forever in the gradient all-reduce for a rank that is retrying.
-    script = TWO_PROCESS_SCRIPT.replace(
-        "import policypipe.training.loop as loop",
-        RANK_1_SHORT_OF_MEMORY + "import policypipe.training.loop as loop",
-    )
+    marker = "import policypipe.training.checkpoint as checkpoint"
+    assert marker in TWO_PROCESS_SCRIPT
+    script = TWO_PROCESS_SCRIPT.replace(marker, RANK_1_SHORT_OF_MEMORY + marker)
     try:
         done = run_two_processes(dataset, [(tmp_path / "run", None)], script=script, timeout=90)
     except subprocess.TimeoutExpired as exc:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from policypipe.cluster.resources import SlurmArrayConfig
-from policypipe.recordings.streams import Topics
+from policypipe.recordings.messages import Topics
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class ConvertConfig:
     topics: Topics = Topics()
     # (width, height) of the stored frames; resized with area averaging (suited to downscaling).
     image_size: tuple[int, int] = (96, 96)
-    # Frames are stored as JPEG (see README, "Image codec").
+    # Frames are stored as JPEG (docs/dataset.md, "Image codec").
     jpeg_quality: int = 95
     # Resample every episode onto this grid (Hz); null keeps the camera's own clock.
     resample_hz: float | None = None

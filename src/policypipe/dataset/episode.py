@@ -22,7 +22,8 @@ from scipy.spatial.transform import Rotation, Slerp
 
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.recordings.h264 import Verdict, check_references
-from policypipe.recordings.streams import RecordingError, Streams
+from policypipe.recordings.messages import RecordingError
+from policypipe.recordings.streams import Streams
 
 log = logging.getLogger(__name__)
 

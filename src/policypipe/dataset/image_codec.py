@@ -1,8 +1,6 @@
 """A zarr v3 codec that stores each camera frame as a JPEG.
 
-Measured on the demo frames at 96x96 (see README, "Image codec"): JPEG q95 is ~3.4x smaller
-than the best lossless codec at about twice its decode time (~0.1 ms a frame, far below a
-training step); on real camera images the size gap is larger still. It is registered through
+JPEG rather than a lossless codec: measured in docs/dataset.md, "Image codec". It is registered through
 zarr's `zarr.codecs` entry point (pyproject.toml), so `zarr.open` reads the store in any
 environment where policypipe is installed, with nothing to import or register first.
 

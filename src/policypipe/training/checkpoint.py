@@ -20,8 +20,11 @@ first and uses safetensors and JSON only: nothing executes pickled code.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import random
-from dataclasses import dataclass
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from policypipe.atomic import canonical_json, verify_folder, write_folder_atomic
+from policypipe.atomic import MANIFEST, canonical_json, verify_folder, write_folder_atomic, write_json_atomic
+from policypipe.training.config import TrainConfig
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(Exception):
@@ -165,3 +171,192 @@ def load_checkpoint(folder: Path) -> TrainingState:
 
 def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+
+
+# ---------------------------------------------------------------- a run's folder: resume and top-k
+
+
+LATEST = "latest"
+
+
+# ---------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    config: dict[str, Any]
+    dataset_fingerprint: str
+    stats_sha256: str
+
+    def differences(self, recorded: dict[str, Any]) -> list[str]:
+        found = []
+        if recorded.get("dataset_fingerprint") != self.dataset_fingerprint:
+            found.append("the dataset (fingerprint) changed")
+        if recorded.get("stats_sha256") != self.stats_sha256:
+            found.append("the normalization statistics changed")
+        old = recorded.get("config", {})
+        for key in sorted(set(old) | set(self.config)):
+            if old.get(key) != self.config.get(key):
+                found.append(f"train.{key}: {old.get(key)!r} -> {self.config.get(key)!r}")
+        return found
+
+
+@dataclass
+class TrainHistory:
+    val: list[tuple[int, float]] = field(default_factory=list)
+    top_k: list[tuple[float, int, str]] = field(default_factory=list)  # (val loss, step, folder)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"val": [list(v) for v in self.val], "top_k": [list(t) for t in self.top_k]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainHistory:
+        return cls([tuple(v) for v in data["val"]], [tuple(t) for t in data["top_k"]])
+
+
+def trainer_state(identity, step, schedule, history, total) -> dict[str, Any]:
+    return {
+        "step": step,
+        "complete": step >= total,
+        "lr_schedule": schedule.state_dict(),
+        "config": identity.config,
+        "dataset_fingerprint": identity.dataset_fingerprint,
+        "stats_sha256": identity.stats_sha256,
+        "history": history.to_json(),
+    }
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    state: TrainingState | None  # None: a fresh run
+    folder: Path | None  # where the state was read
+    replace_run_dir: bool  # the run folder holds nothing this run may keep (a finished run, logs)
+
+
+def resume_point(run_dir: Path, fallback_dir: str | None, identity: RunIdentity) -> ResumePoint:
+    """Where this run continues from: the newest intact, unfinished checkpoint of this setup.
+
+    Candidates are the run folder's `latest` and every checkpoint in `fallback_dir`, where
+    checkpoints went while the run folder could not be written (a disk full): ignoring them
+    would lose the steps trained since. Each resumes exactly; the newest by step saves the most.
+    A fallback checkpoint of another setup (the folder may serve several runs) is passed over;
+    the run folder's own unfinished `latest` of another setup is refused, as it always was.
+
+    Nothing in the run folder is deleted unless that is safe: a finished run there (the stage
+    completed, so DVC has it in its cache) is replaced by a new one, as is an older state of this
+    setup when a newer finished one exists elsewhere, and logs without any checkpoint.
+    Checkpoints without a readable `latest` (deleted by hand, lost in a copy) are not guessed
+    about: they may be the only copy of a run, and a fresh start that kept them beside its own
+    would mix two runs in one folder. The run is refused, saying what to move or delete.
+    """
+    checkpoints = run_dir / "checkpoints"
+    latest = checkpoints / LATEST
+    candidates: list[
+        tuple[int, bool, Path, dict[str, Any]]
+    ] = []  # (step, in the run folder, folder, trainer.json)
+    finished_here = False
+    trainer = read_trainer(latest) if latest.exists() else None
+    if trainer is not None:
+        differences = identity.differences(trainer)
+        finished_here = bool(trainer.get("complete"))
+        if differences and not finished_here:
+            raise CheckpointError(
+                f"{latest} is an unfinished run of another setup ({'; '.join(differences)}). "
+                f"Resume it with the old params, or start fresh: remove {run_dir} and rerun."
+            )
+        if not differences:
+            candidates.append((trainer["step"], True, latest, trainer))
+    if fallback_dir is not None and Path(fallback_dir).is_dir():
+        for folder in sorted(Path(fallback_dir).iterdir()):
+            other = read_trainer(folder) if not folder.name.startswith(".") else None
+            if other is None:
+                continue
+            if differences := identity.differences(other):
+                log.info(
+                    "not resuming from %s, a checkpoint of another setup: %s", folder, "; ".join(differences)
+                )
+                continue
+            candidates.append((other["step"], False, folder, other))
+
+    problems: dict[Path, CheckpointError] = {}
+    newest_finished = False
+    for _, _, folder, _ in sorted(candidates, key=lambda c: c[:2], reverse=True):
+        try:
+            state = load_checkpoint(folder)  # the manifest decides: intact or not
+        except CheckpointError as exc:
+            log.warning("not resuming from %s: %s", folder, exc)
+            problems[folder] = exc
+            continue
+        if not state.trainer.get("complete"):
+            # A finished run of another setup in the run folder is replaced, as on a fresh start.
+            return ResumePoint(state, folder, replace_run_dir=finished_here and folder != latest)
+        # The newest state of this setup is a finished run: start over, as before (a rerun with
+        # the same config reproduces the same weights); the run folder's own is older.
+        newest_finished = True
+        break
+
+    fresh = f"nothing was deleted. To start a fresh run, move {run_dir} aside (or remove it) and rerun."
+    if latest in problems and not newest_finished:  # damaged, and nothing intact to continue from
+        raise CheckpointError(f"{problems[latest]}; {fresh}") from problems[latest]
+    if trainer is None:
+        # No readable `latest`: whatever the run folder holds is of a run nobody can name.
+        if latest.exists():
+            damage = verify_folder(latest) or ["trainer.json: unreadable"]
+            raise CheckpointError(f"checkpoint {latest} is damaged: {'; '.join(damage)}; {fresh}")
+        kept = (
+            sorted(p.name for p in checkpoints.iterdir() if (p / MANIFEST).is_file())
+            if checkpoints.is_dir()
+            else []
+        )
+        if kept:
+            raise CheckpointError(
+                f"{checkpoints} holds {len(kept)} checkpoint(s) ({', '.join(kept)}) "
+                "but no `latest` to resume from; "
+                f"{fresh} To continue from one of them instead, copy it to {latest}."
+            )
+    return ResumePoint(None, None, replace_run_dir=True)
+
+
+def save_checkpoints(
+    snapshot: TrainingState,
+    checkpoints: Path,
+    history: TrainHistory,
+    config: TrainConfig,
+    run_dir: Path,
+    ranked: bool = True,
+) -> list[str]:
+    """latest, and (if `ranked`) a top-k slot named for the validation loss; a failed write keeps
+    training going."""
+    warnings = []
+    targets = [checkpoints / LATEST]
+    step = snapshot.trainer["step"]
+    current = next((v for s, v in reversed(history.val) if s == step), None) if ranked else None
+    if current is not None and config.keep_top_k > 0:
+        worst = max(history.top_k)[0] if len(history.top_k) >= config.keep_top_k else math.inf
+        if current < worst:
+            name = f"val_loss-{current:.5f}-step-{step:07d}"
+            targets.append(checkpoints / name)
+            history.top_k.append((current, step, name))
+            history.top_k.sort()
+    snapshot.trainer["history"] = history.to_json()
+    for target in targets:
+        try:
+            save_checkpoint(target, snapshot)
+        except OSError as exc:
+            message = f"checkpoint {target} not written ({exc.strerror or exc}); the previous one stays"
+            if config.fallback_dir:
+                try:
+                    save_checkpoint(Path(config.fallback_dir) / target.name, snapshot)
+                    message += f"; written to the fallback {config.fallback_dir}"
+                except OSError as fallback_exc:
+                    message += (
+                        f"; the fallback {config.fallback_dir} failed too "
+                        f"({fallback_exc.strerror or fallback_exc})"
+                    )
+            log.warning(message)
+            warnings.append(message)
+    for _, _, name in history.top_k[config.keep_top_k :]:
+        shutil.rmtree(checkpoints / name, ignore_errors=True)
+    history.top_k = history.top_k[: config.keep_top_k]
+    write_json_atomic(run_dir / "history.json", history.to_json())
+    return warnings

@@ -29,10 +29,7 @@ class TrainConfig:
     weight_decay: float = 1e-6
     warmup_steps: int = 200
     grad_clip: float = 1.0
-    # The EMA of the weights (what is evaluated and exported) follows the reference's power schedule
-    # (Chi et al.'s EMAModel, see `ema_decay`): after optimizer step n (0-based), with s = n - 1, it is
-    # 0 while s <= 0, then 1 - (1 + s / ema_inv_gamma) ** -ema_power clamped to
-    # [ema_min_decay, ema_max_decay].
+    # The EMA of the weights (what is evaluated and exported): `schedules.ema_decay`.
     ema_inv_gamma: float = 1.0
     ema_power: float = 0.75
     ema_min_decay: float = 0.0

@@ -1,0 +1,196 @@
+"""Recordings -> cache entries, each converted in a process of its own.
+
+One recording that fails, in whatever way (a verdict on its data, a library that crashes on it,
+a worker killed by the OS), is excluded with its reason and the others go on. A full disk stops
+the whole conversion with the path and the space needed, and leaves no temporary file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import traceback
+from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from policypipe.atomic import canonical_json
+from policypipe.dataset.convert_cache import (
+    RecordingInput,
+    cache_key,
+    cached_record,
+    record_of,
+    save_arrays,
+    write_cache_file,
+)
+from policypipe.dataset.convert_config import ConvertConfig
+from policypipe.dataset.episode import build_episode
+from policypipe.dataset.errors import DatasetError, DiskFullError, megabytes
+from policypipe.processes import process_pool
+from policypipe.recordings.messages import RecordingError
+from policypipe.recordings.streams import read_streams
+
+log = logging.getLogger(__name__)
+
+# How the recordings get converted into the cache: here in a process pool (convert_recordings),
+# or elsewhere (policypipe.cluster.convert_jobs: Slurm array tasks) into the same cache.
+Runner = Callable[
+    [list[RecordingInput], ConvertConfig, Path, Callable[[dict], None] | None], list[dict[str, Any]]
+]
+
+# ---------------------------------------------------------------- one recording -> cache entry
+
+
+def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Path) -> dict[str, Any]:
+    """Converts one recording into the cache (unless it is there) and returns its record.
+
+    Never raises for what one recording contains: a RecordingError is a verdict on the data
+    and is cached; any other exception (a decoder or library failure on input nobody
+    foresaw) excludes the recording with the exception's last traceback line and is not
+    cached, so a fixed converter tries again. Only a full disk stops the stage.
+    """
+    key = cache_key(rec, config)
+    record_path = cache_dir / f"{key}.json"
+    if (cached := cached_record(record_path)) is not None:
+        return cached
+    record = record_of(rec, key)
+    try:
+        episode = build_episode(read_streams(rec.vio_path, config.topics), config)
+        if rec.expected_frames is not None and rec.expected_frames != episode.frames_in:
+            episode.warnings.append(
+                f"status json says {rec.expected_frames} frames, "
+                f"the recording has {episode.frames_in} (truncated copy?)"
+            )
+        save_arrays(cache_dir / f"{key}.npz", episode, config.jpeg_quality)
+    except RecordingError as exc:
+        record |= {"excluded": exc.reason, "detail": str(exc)}
+    except DiskFullError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one recording must never stop the others
+        return record | _unexpected_failure(rec, exc)
+    else:
+        record |= {
+            "start_ns": int(episode.capture_ns[0]),
+            "frames": len(episode.capture_ns),
+            "pose_samples": len(episode.pose_ns),
+            "width_samples": len(episode.width_ns),
+            "frames_in": episode.frames_in,
+            "dropped": episode.dropped,
+            "frequency_hz": round(episode.frequency_hz, 6),
+            "camera_gaps": episode.camera_gaps,
+            "camera_topic": episode.camera_topic,
+            "lost_messages": episode.lost_messages,
+            # Why reading stopped before the file's end (no index to skip the damage), or None.
+            "read_stopped": episode.read_stopped,
+            "resample_offset_ms": _offset_summary_ms(episode.resample_offset_ns),
+            "warnings": episode.warnings,
+        }
+    # The record is written last: its presence means the entry is complete. It is returned as
+    # read back, so a fresh and a cached conversion give the same attributes, key order included.
+    blob = canonical_json(record)
+    write_cache_file(record_path, blob, frames=record.get("frames", 0))
+    return json.loads(blob)
+
+
+def _offset_summary_ms(offset_ns: np.ndarray | None) -> dict[str, float] | None:
+    """How far from the resampling grid the chosen frames are (None: not resampled)."""
+    if offset_ns is None:
+        return None
+    return {"mean": round(float(offset_ns.mean()) / 1e6, 3), "max": round(float(offset_ns.max()) / 1e6, 3)}
+
+
+def _unexpected_failure(rec: RecordingInput, exc: Exception) -> dict[str, Any]:
+    log.error("%s: conversion failed unexpectedly", rec.vio_path, exc_info=exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = (
+        f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    )
+    last_line = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return {
+        "excluded": "converter_error",
+        "detail": f"{last_line}{where}; please report it with this recording",
+    }
+
+
+def convert_recordings(
+    inputs: list[RecordingInput],
+    config: ConvertConfig,
+    cache_dir: Path,
+    progress: Callable[[dict], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every recording into the cache by `config.workers` processes; their records in order."""
+    # Always in worker processes, even one: a recording that kills its process (the kernel's
+    # out-of-memory killer, a crash inside a decoder) must not take the stage with it.
+    workers = min(config.workers or os.cpu_count() or 1, max(len(inputs), 1))
+    # Forked: nothing here has started zarr's I/O thread yet (the store is written after).
+    with process_pool(workers) as pool:
+        futures = [pool.submit(convert_recording, r, config, cache_dir) for r in inputs]
+        records = []
+        try:
+            for rec, future in zip(inputs, futures):
+                try:
+                    record = future.result()
+                except BrokenProcessPool:
+                    # A worker died (the kernel's out-of-memory killer, a crash inside a decoder):
+                    # the pool is gone and which recording killed it is unknown. Every recording
+                    # not finished yet gets a process of its own, so only the culprit is lost.
+                    record = _convert_in_own_process(rec, config, cache_dir)
+                records.append(_report(progress, record))
+        except BaseException:
+            # A full disk (or Ctrl-C): recordings not started yet never start; running ones fail
+            # on the same disk, or finish, and remove their own temporary files before the pool is left.
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        return records
+
+
+def _convert_in_own_process(rec: RecordingInput, config: ConvertConfig, cache_dir: Path) -> dict[str, Any]:
+    with process_pool(1) as pool:
+        try:
+            return pool.submit(convert_recording, rec, config, cache_dir).result()
+        except BrokenProcessPool:
+            log.error("%s: the conversion process died", rec.vio_path)
+    # Not cached: a machine with more memory, or a fixed decoder, tries again.
+    return record_of(rec, cache_key(rec, config)) | {
+        "excluded": "worker_died",
+        "detail": "the process converting it died (killed by the system, "
+        "e.g. out of memory, or a crash inside a "
+        "decoder); check the machine's memory and the recording",
+    }
+
+
+def convert_all_or_disk_full(
+    inputs: list[RecordingInput],
+    config: ConvertConfig,
+    cache_dir: Path,
+    progress: Callable[[dict], None] | None,
+    runner: Runner,
+) -> list[dict[str, Any]]:
+    try:
+        return runner(inputs, config, cache_dir, progress)
+    except DiskFullError as exc:
+        # Scale what the failed entry needed to every recording not converted yet.
+        todo = [r for r in inputs if not (cache_dir / f"{cache_key(r, config)}.json").is_file()]
+        if exc.frames:  # the frames of a recording: scale by frame counts
+            per_frame = exc.needed / exc.frames
+            frames = sum(r.expected_frames or exc.frames for r in todo)
+        else:  # a record file: one per recording
+            per_frame, frames = exc.needed, len(todo)
+        raise DatasetError(
+            f"{exc}. The conversion cache needs about {megabytes(per_frame * frames)} more "
+            f"for the {len(todo)} recording(s) not converted yet, and {cache_dir} has "
+            f"{megabytes(shutil.disk_usage(cache_dir).free)} free. "
+            "Free space there or point convert's --cache (dvc.yaml) at a larger disk, then run again: "
+            "recordings already converted are kept."
+        ) from None
+
+
+def _report(progress: Callable[[dict], None] | None, record: dict) -> dict:
+    if progress is not None:
+        progress(record)
+    return record
