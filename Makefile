@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 export DVC_NO_ANALYTICS := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test lock bench smoke clean-demo remote push
+.PHONY: setup demo test test-fast lint lock bench smoke clean-demo remote push
 
 setup: $(STAMP)
 
@@ -40,8 +40,18 @@ demo: $(STAMP)
 	fi
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
+# The whole suite, end-to-end, Slurm and SSH tests included: what CI runs.
 test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+
+# Unit tests only, for the edit-run loop: no DVC pipeline runs, no servers, no Slurm.
+test-fast: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "not slow and not slurm"
+
+# ruff's lint and format checks (pyproject.toml, [tool.ruff]); `ruff format .` applies the format.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean-demo:
 	rm -rf data/raw data/manifest.json
