@@ -37,7 +37,9 @@ def read_section(params_file: Path, section: str) -> dict[str, Any]:
         )
     params = YAML(typ="safe", pure=True).load(params_file.read_text()) or {}
     if section not in params:
-        raise ConfigError(f"{params_file} has no [{section}] section; add it (see docs/pipeline.md, 'Parameters')")
+        raise ConfigError(
+            f"{params_file} has no [{section}] section; add it (see docs/pipeline.md, 'Parameters')"
+        )
     return params[section] or {}
 
 

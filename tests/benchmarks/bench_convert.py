@@ -37,7 +37,7 @@ from policypipe.recordings.pairing import PairConfig, pair_export
 from policypipe.recordings.streams import read_streams
 from policypipe.synthetic.export import SampleConfig, write_sample_export
 from policypipe.synthetic.motion import plan_motion
-from policypipe.synthetic.scene import render_frame
+from policypipe.synthetic.render import render_frame
 
 
 def bare_decode_resize(vio_paths: list[Path], config: ConvertConfig) -> tuple[int, float]:

@@ -26,7 +26,7 @@ from policypipe.recordings.messages import Topics
 from policypipe.recordings.pairing import PairConfig, pair_export
 from policypipe.synthetic.motion import plan_motion
 from policypipe.synthetic.recording import StreamTiming, write_raw_mcap, write_vio_mcap
-from policypipe.synthetic.scene import read_timecode, timecode_value
+from policypipe.synthetic.render import read_timecode, timecode_value
 from tests.conftest import MCAP_SAMPLES, write_status
 
 START_NS = 1_762_160_000_000_000_000

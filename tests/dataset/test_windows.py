@@ -13,7 +13,7 @@ from policypipe.dataset import layout
 from policypipe.dataset.window_dataset import WindowDataset
 from policypipe.dataset.windows import EpisodeStreams, WindowConfig, rot6d
 from policypipe.synthetic.recording import StreamTiming
-from policypipe.synthetic.scene import read_timecode, timecode_value
+from policypipe.synthetic.render import read_timecode, timecode_value
 from tests.dataset.conftest import make_store
 from tests.dataset.test_convert import add_recording, convert, episodes
 

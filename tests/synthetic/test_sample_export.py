@@ -28,7 +28,7 @@ from policypipe.synthetic.recording import (
     write_simulated_vio,
     write_vio_mcap,
 )
-from policypipe.synthetic.scene import read_timecode, render_frame, timecode_value
+from policypipe.synthetic.render import read_timecode, render_frame, timecode_value
 
 MCAP_MAGIC = b"\x89MCAP0\r\n"
 SMALL = dict(image_width=96, image_height=72)

@@ -22,7 +22,7 @@ from mcap.writer import CompressionType, IndexType, Writer
 from mcap_protobuf.schema import build_file_descriptor_set
 
 from policypipe.synthetic.motion import MotionPlan
-from policypipe.synthetic.scene import render_frames_bgr, table_texture
+from policypipe.synthetic.render import render_frames_bgr, table_texture
 
 # --- what the studio writes (recording-format.md, section 2) --------------------------------
 
