@@ -15,6 +15,9 @@ A checkpoint is a folder:
 It is written under a temporary name, every file fsynced, then renamed into place; a folder
 that is replaced is first renamed aside and removed only after. Loading checks the manifest
 first and uses safetensors and JSON only: nothing executes pickled code.
+
+A run's folder holds `checkpoints/latest` and the top-k by validation loss; `resume_point`
+decides what a run continues from, `save_checkpoints` writes latest and the top-k slots.
 """
 
 from __future__ import annotations
