@@ -9,14 +9,16 @@ from dataclasses import asdict
 from pathlib import Path
 
 from common import fail, load_config, setup_logging
-from tqdm import tqdm
 
 from policypipe.atomic import write_json_atomic
-from policypipe.cluster.slurm import SlurmError
-from policypipe.dataset.convert import DatasetError, convert_dataset, converter_identity
+from policypipe.cluster.submit import SlurmError
+from policypipe.dataset.convert import convert_dataset
+from policypipe.dataset.convert_cache import converter_identity
 from policypipe.dataset.convert_config import ConvertConfig
+from policypipe.dataset.errors import DatasetError
 from policypipe.dataset.fingerprint import fingerprint
 from policypipe.lineage.provenance import StageRun
+from policypipe.progress import Progress
 
 
 def main() -> None:
@@ -43,14 +45,13 @@ def main() -> None:
 
     started = time.monotonic()
     with StageRun("convert", params=asdict(config)) as run:
-        with tqdm(total=recordings, desc="convert", unit="rec", dynamic_ncols=True) as bar:
+        with Progress(recordings, desc="convert", unit="rec") as bar:
             frames = 0
 
             def progress(record: dict) -> None:
                 nonlocal frames
                 frames += record.get("frames", 0)
-                bar.update(1)
-                bar.set_postfix(frames_per_s=f"{frames / max(time.monotonic() - started, 1e-9):.0f}")
+                bar.update(1, frames_per_s=f"{frames / max(time.monotonic() - started, 1e-9):.0f}")
 
             runner = None
             if config.executor == "slurm":

@@ -253,3 +253,44 @@ def test_compare_measures_a_sampling_choice_on_the_same_trained_policies(
     )
     err = capsys.readouterr().err
     assert code == 2 and "normalization changes what the policy learned" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["remote", "add", "x", "http://nope"], "'http://nope' is not an SSH remote URL"),  # RemoteError
+        (["lineage", "{tmp}/nowhere"], "{tmp}/nowhere does not exist"),  # LineageError
+        (["pair", "{tmp}/nowhere"], "export folder {tmp}/nowhere does not exist"),  # ValueError
+        (["sample", "{tmp}", "--recordings", "1"], "{tmp} is not empty"),  # FileExistsError
+    ],
+)
+def test_every_subcommand_reports_a_bad_input_as_one_error_line_with_status_2(
+    tmp_path: Path, monkeypatch, capsys, argv: list[str], message: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "something").write_text("")
+    code = main([arg.format(tmp=tmp_path) for arg in argv])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.startswith("error: ") and message.format(tmp=tmp_path) in captured.err
+    assert captured.err.count("\n") == 1
+
+
+def test_a_bug_is_not_dressed_up_as_a_bad_input(monkeypatch) -> None:
+    import policypipe.cli
+
+    def broken(_args) -> int:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(policypipe.cli, "_lineage", broken)
+    with pytest.raises(KeyError, match="a bug"):
+        main(["lineage", "anything"])
+
+
+def test_the_library_errors_reported_as_bad_inputs_are_where_the_cli_looks_for_them() -> None:
+    import importlib
+
+    from policypipe.cli import LIBRARY_ERRORS
+
+    for module, name in LIBRARY_ERRORS:  # an error class that moved would be reported as a traceback
+        assert issubclass(getattr(importlib.import_module(module), name), Exception), (module, name)

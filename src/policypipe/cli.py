@@ -12,23 +12,15 @@ from pathlib import Path
 def _sample(args: argparse.Namespace) -> int:
     from policypipe.synthetic.export import SampleConfig, write_sample_export
 
-    try:
-        config = SampleConfig(
-            recordings=args.recordings,
-            seed=args.seed,
-            camera=args.camera,
-            defects=args.defects,
-            task=args.task,
-        )
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = SampleConfig(
+        recordings=args.recordings,
+        seed=args.seed,
+        camera=args.camera,
+        defects=args.defects,
+        task=args.task,
+    )
     t0 = time.monotonic()
-    try:
-        export = write_sample_export(args.out_dir, config)
-    except FileExistsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    export = write_sample_export(args.out_dir, config)
     print(
         f"wrote {len(export.good_stems)} recordings"
         + (
@@ -46,12 +38,8 @@ def _pair(args: argparse.Namespace) -> int:
     from policypipe.atomic import write_json_atomic
     from policypipe.recordings.pairing import PairConfig, pair_export, summary_lines
 
-    try:
-        config = PairConfig(task=args.task, accept_truncated=args.accept_truncated)
-        result = pair_export(args.export, config)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = PairConfig(task=args.task, accept_truncated=args.accept_truncated)
+    result = pair_export(args.export, config)
     for line in summary_lines(result):
         print(line)
     if args.report:
@@ -92,28 +80,21 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"OK {target}: every file matches its manifest")
         return 0
     if not (target / "zarr.json").is_file():
-        print(
-            f"error: {target} is neither a dataset (zarr.json) nor a policy or checkpoint (manifest.json)",
-            file=sys.stderr,
+        raise UsageError(
+            f"{target} is neither a dataset (zarr.json) nor a policy or checkpoint (manifest.json)"
         )
-        return 2
     record_path = args.record or _find_record(target)
     if record_path is None:
-        print(
-            f"error: no record of {target} found "
-            "(data/stats/stats.json or metrics/dataset.json); pass --record",
-            file=sys.stderr,
+        raise UsageError(
+            f"no record of {target} found (data/stats/stats.json or metrics/dataset.json); pass --record"
         )
-        return 2
     try:
         record = json.loads(Path(record_path).read_text())
     except (OSError, ValueError) as exc:
-        print(f"error: cannot read the record {record_path}: {one_line(exc)}", file=sys.stderr)
-        return 2
+        raise UsageError(f"cannot read the record {record_path}: {one_line(exc)}") from None
     recorded = record.get("dataset_fingerprint") or {"sha256": record.get("fingerprint")}
     if not recorded.get("sha256"):
-        print(f"error: {record_path} holds no dataset fingerprint", file=sys.stderr)
-        return 2
+        raise UsageError(f"{record_path} holds no dataset fingerprint")
     verdict = verify_store(target, recorded)
     against = "" if verdict.status == "CORRUPT" and verdict.unopened else f" against {record_path}"
     if verdict.status != "OK":
@@ -125,31 +106,20 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _smoke(args: argparse.Namespace) -> int:
-    from policypipe.config import ConfigError, read_section
+    from policypipe.config import read_section
     from policypipe.training.config import train_config_from_params
     from policypipe.training.smoke import run_smoke
 
-    try:
-        config = train_config_from_params(
-            read_section(args.params, "train"), read_section(args.params, "policy")
-        )
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = train_config_from_params(read_section(args.params, "train"), read_section(args.params, "policy"))
     for path in (args.dataset, args.stats):
         if not path.exists():
-            print(f"error: {path} not found: run `dvc repro stats` (or `dvc pull`) first", file=sys.stderr)
-            return 2
+            raise UsageError(f"{path} not found: run `dvc repro stats` (or `dvc pull`) first")
     print(
         f"smoke: {args.steps} steps, interrupted at {max(1, args.steps // 2)} "
         "and resumed in a fresh process ...",
         flush=True,
     )
-    try:
-        report = run_smoke(args.dataset, args.stats, config, steps=args.steps)
-    except ConfigError as exc:  # statistics made for other windows
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    report = run_smoke(args.dataset, args.stats, config, steps=args.steps)  # ConfigError: other windows
     gpu = f", peak GPU memory {report.peak_gpu_mb:.0f} MB" if report.peak_gpu_mb is not None else ""
     if report.ok:
         print(
@@ -166,7 +136,7 @@ def _compare(args: argparse.Namespace) -> int:
     import json
 
     from policypipe.atomic import write_json_atomic
-    from policypipe.config import ConfigError, from_mapping, read_section
+    from policypipe.config import from_mapping, read_section
     from policypipe.evaluation.evaluate import EvalConfig, compare_policies, comparison_table
     from policypipe.lineage.hashing import sha256_file
     from policypipe.policy.export import load_policy, require_trained_with, with_sampling
@@ -181,37 +151,30 @@ def _compare(args: argparse.Namespace) -> int:
         (args.stats, "statistics", "run `dvc repro stats` (or `dvc pull`) first, or pass --stats"),
     ):
         if not path.exists():
-            print(f"error: {what} {path} is missing: {fix}", file=sys.stderr)
-            return 2
+            raise UsageError(f"{what} {path} is missing: {fix}")
     for name, side in sides.items():
         resolved = [p.resolve() for p in side]
         if len(set(resolved)) < len(resolved):
-            print(
-                f"error: side {name} lists the same policy twice: each folder must be another seed "
-                "(a repeat would count one seed twice and narrow the CI)",
-                file=sys.stderr,
+            raise UsageError(
+                f"side {name} lists the same policy twice: each folder must be another seed "
+                "(a repeat would count one seed twice and narrow the CI)"
             )
-            return 2
-    try:
-        config = (
-            from_mapping(EvalConfig, read_section(args.params, "eval"), "eval")
-            if args.params.is_file()
-            else EvalConfig()
-        )
-        loaded = {name: [load_policy(p) for p in side] for name, side in sides.items()}
-        if args.sample_b:
-            if "B" not in loaded:
-                raise ValueError("--sample-b changes side B: give it with --against")
-            changes = _sampling_changes(args.sample_b)
-            loaded["B"] = [with_sampling(policy, **changes) for policy in loaded["B"]]
-        stats_sha256 = sha256_file(args.stats)
-        for path in (p for side in sides.values() for p in side):
-            require_trained_with(path, stats_sha256, args.stats)
-        stats = json.loads(args.stats.read_text())
-        result = compare_policies(loaded["A"], loaded.get("B"), args.dataset, stats, config)
-    except (ConfigError, OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = (
+        from_mapping(EvalConfig, read_section(args.params, "eval"), "eval")
+        if args.params.is_file()
+        else EvalConfig()
+    )
+    loaded = {name: [load_policy(p) for p in side] for name, side in sides.items()}
+    if args.sample_b:
+        if "B" not in loaded:
+            raise UsageError("--sample-b changes side B: give it with --against")
+        changes = _sampling_changes(args.sample_b)
+        loaded["B"] = [with_sampling(policy, **changes) for policy in loaded["B"]]
+    stats_sha256 = sha256_file(args.stats)
+    for path in (p for side in sides.values() for p in side):
+        require_trained_with(path, stats_sha256, args.stats)
+    stats = json.loads(args.stats.read_text())
+    result = compare_policies(loaded["A"], loaded.get("B"), args.dataset, stats, config)
     for name, side in sides.items():
         result["sides"][name]["policies"] = [str(p) for p in side]
         print(f"{name} = " + ", ".join(str(p) for p in side))
@@ -241,25 +204,17 @@ def _sampling_changes(assignments: list[str]) -> dict[str, object]:
 def _lineage(args: argparse.Namespace) -> int:
     import json
 
-    from policypipe.lineage.trace import LineageError, format_trace, trace
+    from policypipe.lineage.trace import format_trace, trace
 
-    try:
-        result = trace(args.path, Path.cwd())
-    except LineageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    result = trace(args.path, Path.cwd())
     print(json.dumps(result, indent=2) if args.json else format_trace(result))
     return 1 if any("missing" in link for link in result["chain"]) else 0
 
 
 def _remote_add(args: argparse.Namespace) -> int:
-    from policypipe.remote import RemoteError, add_ssh_remote
+    from policypipe.remote import add_ssh_remote
 
-    try:
-        target = add_ssh_remote(Path.cwd(), args.name, args.url, args.keyfile, default=not args.no_default)
-    except RemoteError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    target = add_ssh_remote(Path.cwd(), args.name, args.url, args.keyfile, default=not args.no_default)
     key_note = (
         "key file in .dvc/config.local (not in git)" if args.keyfile else "no key file: ssh's own choice"
     )
@@ -274,19 +229,15 @@ def _remote_add(args: argparse.Namespace) -> int:
 
 
 def _remote_check(args: argparse.Namespace) -> int:
-    from policypipe.remote import RemoteError, check_host_key, parse_ssh_url, remote_settings
+    from policypipe.remote import check_host_key, parse_ssh_url, remote_settings
 
-    try:
-        name, settings = remote_settings(Path.cwd(), args.name)
-        if not settings["url"].startswith("ssh://"):
-            print(f"remote {name!r} is {settings['url']}: not an SSH remote, no host key to check")
-            return 0
-        target = parse_ssh_url(settings["url"])
-        port = int(settings.get("port") or target.port)
-        result = check_host_key(target.host, port, args.known_hosts)
-    except RemoteError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    name, settings = remote_settings(Path.cwd(), args.name)
+    if not settings["url"].startswith("ssh://"):
+        print(f"remote {name!r} is {settings['url']}: not an SSH remote, no host key to check")
+        return 0
+    target = parse_ssh_url(settings["url"])
+    port = int(settings.get("port") or target.port)
+    result = check_host_key(target.host, port, args.known_hosts)
     print(result.message(args.known_hosts), file=sys.stdout if result.ok else sys.stderr)
     return 0 if result.ok else 3
 
@@ -295,18 +246,14 @@ def _doctor(args: argparse.Namespace) -> int:
     import json
 
     from policypipe import doctor
-    from policypipe.config import ConfigError, read_section
+    from policypipe.config import read_section
     from policypipe.training.config import train_config_from_params
 
     repo = Path.cwd()
-    try:
-        config = train_config_from_params(
-            read_section(repo / "params.yaml", "train"), read_section(repo / "params.yaml", "policy")
-        )
-        convert = read_section(repo / "params.yaml", "convert")
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = train_config_from_params(
+        read_section(repo / "params.yaml", "train"), read_section(repo / "params.yaml", "policy")
+    )
+    convert = read_section(repo / "params.yaml", "convert")
     # What the run writes: latest and the top-k checkpoints, one more while one is being written;
     # the dataset too where it is not there yet (its size from the last conversion's metrics).
     needed = {"checkpoints": (config.keep_top_k + 2) * doctor.checkpoint_bytes(config)}
@@ -503,10 +450,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class UsageError(Exception):
+    """An input or a setup that cannot work; the message says what to change."""
+
+
+# The library's errors that mean the same, by module: looked up only in modules already imported
+# (an error of a module never imported cannot have been raised), so that no subcommand imports
+# torch or zarr just to know them.
+LIBRARY_ERRORS = (
+    ("policypipe.config", "ConfigError"),
+    ("policypipe.remote", "RemoteError"),
+    ("policypipe.lineage.trace", "LineageError"),
+    ("policypipe.dataset.errors", "DatasetError"),
+    ("policypipe.recordings.messages", "RecordingError"),
+    ("policypipe.training.checkpoint", "CheckpointError"),
+    ("policypipe.cluster.in_job", "SlurmError"),
+)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """What a subcommand reports as `error: ...` with exit status 2: the errors above, a value that
+    cannot work (ValueError: a bad parameter) and a file that cannot be read or written (OSError)."""
+    loaded = tuple(
+        getattr(sys.modules[module], name) for module, name in LIBRARY_ERRORS if module in sys.modules
+    )
+    return (UsageError, ValueError, OSError, *loaded)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except Exception as exc:
+        if not isinstance(exc, _user_errors()):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

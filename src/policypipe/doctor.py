@@ -174,7 +174,7 @@ def check_remote(repo: Path, known_hosts: Path) -> Check:
 
 
 def check_slurm() -> Check:
-    from policypipe.cluster.slurm import SlurmError, check_reachable
+    from policypipe.cluster.submit import SlurmError, check_reachable
 
     try:
         return Check("slurm", "ok", check_reachable())

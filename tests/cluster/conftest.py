@@ -14,20 +14,33 @@ from tests.slurm import LoopbackSlurm, ensure_slurm, start_slurm
 from tests.workspace import checkout_copy, run
 
 
+def sbatch_default_logs(folders: list[Path]) -> set[Path]:
+    """sbatch's own `slurm-<id>.out`, which a job writes into the folder it was submitted from when
+    it is given no --output: in these folders, and anywhere below the tests' temporary folders."""
+    return {p for folder in folders for p in folder.glob("slurm-*.out")} | set(
+        folders[-1].rglob("slurm-*.out")
+    )
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory) -> LoopbackSlurm:
     require_installed(ensure_slurm())
     cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
     previous = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(
-        cluster.conf
-    )  # the client commands of the tests and of the stages they run
+    # The client commands of the tests and of the stages they run.
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    # Every job's log goes to its run's own (git-ignored) folder, never to where it was submitted
+    # from: a test's checkout, or the repository the tests run in (a slurm-3.out was once committed).
+    watched = [Path.cwd(), Path(__file__).parents[2], tmp_path_factory.getbasetemp()]
+    before = sbatch_default_logs(watched)
     yield cluster
     cluster.stop()
     if previous is None:
         os.environ.pop("SLURM_CONF", None)
     else:
         os.environ["SLURM_CONF"] = previous
+    stray = sbatch_default_logs(watched) - before
+    assert not stray, f"Slurm jobs wrote logs outside their run folders: {sorted(map(str, stray))}"
 
 
 def set_params(repo: Path, section: str, **values) -> None:

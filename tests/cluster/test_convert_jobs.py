@@ -60,7 +60,7 @@ def files(store: Path) -> dict[str, bytes]:
 
 
 def test_slurm_array_gives_the_same_dataset_bytes_as_local(slurm_cluster, paired_repo: Path) -> None:
-    """As README, "Cluster (Slurm)": the executor set in params.yaml, then `dvc repro`."""
+    """As docs/cluster.md, "Cluster (Slurm)": the executor set in params.yaml, then `dvc repro`."""
     run(paired_repo, "dvc", "repro", "convert")
     local = files(paired_repo / "data/dataset.zarr")
     shutil.rmtree(paired_repo / "data/convert_cache")  # the array tasks convert every recording anew

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from policypipe.cluster import slurm
-from policypipe.dataset.convert import RecordingInput, cache_key, convert_recordings, record_of
+from policypipe.cluster import submit
+from policypipe.dataset.convert_cache import RecordingInput, cache_key, record_of
 from policypipe.dataset.convert_config import ConvertConfig
+from policypipe.dataset.convert_workers import convert_recordings
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +55,9 @@ class SlurmConversion:
         cache_dir: Path,
         progress: Callable[[dict], None] | None,
     ) -> list[dict[str, Any]]:
-        resources = slurm.local_resources(config.slurm)
+        resources = submit.local_resources(config.slurm)
         config = dataclasses.replace(config, slurm=resources)
-        slurm.check_reachable()
+        submit.check_reachable()
         shutil.rmtree(self.jobs_folder, ignore_errors=True)  # the last run's task files only
         size = resources.recordings_per_task
         pending = [
@@ -101,7 +102,7 @@ class SlurmConversion:
         progress: Callable[[dict], None] | None,
     ) -> list[tuple[list[int], str]]:
         resources = config.slurm
-        executor = slurm.make_executor(
+        executor = submit.make_executor(
             self.jobs_folder / f"attempt-{attempt}",
             job_name="policypipe-convert",
             partition=resources.partition,
@@ -123,7 +124,7 @@ class SlurmConversion:
         failed: list[tuple[list[int], str]] = []
 
         def collect(job) -> None:
-            result = slurm.outcome(job)
+            result = submit.outcome(job)
             batch = batch_of[job.job_id]
             self.attempts.append(
                 {
@@ -142,5 +143,5 @@ class SlurmConversion:
                 if progress is not None:
                     progress(record)
 
-        slurm.wait(jobs, on_finished=collect, poll_s=self.poll_s)
+        submit.wait(jobs, on_finished=collect, poll_s=self.poll_s)
         return failed

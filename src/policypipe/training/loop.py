@@ -27,6 +27,7 @@ from policypipe.config import require_same_window
 from policypipe.dataset.window_dataset import WindowDataset
 from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.training.checkpoint import (
+    LATEST,
     RunIdentity,
     TrainHistory,
     TrainingState,
@@ -81,6 +82,24 @@ class TrainResult:
     oom_adjustments: list[str] = field(default_factory=list)
     # Stopped early on request (a stop signal): `latest` holds the state, a rerun continues it.
     interrupted: bool = False
+
+    def metrics(self, run_dir: Path, wall_time_s: float) -> dict[str, Any]:
+        """What `dvc metrics` shows of the run (the train stage's metrics file)."""
+        latest = run_dir / "checkpoints" / LATEST
+        return {
+            "steps": self.steps,
+            "resumed_from_step": self.resumed_from,
+            "val_loss_first": self.first_val_loss,
+            "val_loss_best": self.best_val_loss,
+            "train_loss_last": self.last_train_loss,
+            "samples_per_s": round(self.samples_per_s, 2),
+            "data_wait_fraction": round(self.data_wait_fraction, 4),
+            "wall_time_s": round(wall_time_s, 1),
+            "checkpoint_bytes": sum(p.stat().st_size for p in latest.iterdir()) if latest.exists() else None,
+            "parameters": sum(p.numel() for p in self.policy.parameters()),
+            "checkpoint_warnings": self.checkpoint_warnings,
+            "oom_adjustments": self.oom_adjustments,
+        }
 
 
 def train(

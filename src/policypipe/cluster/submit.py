@@ -1,10 +1,16 @@
-"""Slurm through submitit: submit, wait (streaming a log), collect outcomes, cancel on Ctrl-C.
+"""The submitting side of Slurm, where `dvc repro` runs (a login node): submit through submitit,
+wait (streaming a job's log), collect outcomes, cancel on Ctrl-C. What runs inside the
+allocation is cluster/in_job.py.
 
 submitit writes the sbatch script, pickles the call, runs it in the allocation and pickles its
 result; it learns a job's state from `sacct`, which needs Slurm's accounting database. Many
 small clusters run without one, so the waiting here asks `squeue` instead (every cluster has
 it): a job is running while squeue lists it, and its outcome is submitit's result file, or the
 lack of one (killed, node failure, out of memory, time limit).
+
+Every job's files, its logs included, go to the executor's folder (a run's own, git-ignored):
+submitit passes --output and --error, so Slurm never falls back to `slurm-%j.out` in the
+directory it was submitted from.
 """
 
 from __future__ import annotations
@@ -14,9 +20,7 @@ import os
 import pwd
 import shlex
 import shutil
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -26,22 +30,12 @@ from typing import Any, TextIO
 import submitit
 from submitit.core.utils import pickle_load
 
+from policypipe.cluster.in_job import SEGMENTS_ENV, SlurmError, run_stage_in_allocation
 from policypipe.cluster.resources import with_local_values
 
 log = logging.getLogger(__name__)
 
-# The exit code of a training process that checkpointed on Slurm's warning signal and wants its
-# job requeued (EX_TEMPFAIL: "try again later").
-REQUEUE_EXIT_CODE = 75
-# Set in the allocation: the stage runs there, it does not submit itself again.
-IN_ALLOCATION_ENV = "POLICYPIPE_IN_ALLOCATION"
-# Where each segment of a requeued training job records its job id, nodes and GPUs.
-SEGMENTS_ENV = "POLICYPIPE_SLURM_SEGMENTS"
 CLIENT_TOOLS = ("sbatch", "squeue", "scancel", "scontrol")
-
-
-class SlurmError(RuntimeError):
-    """Slurm cannot be used, or a job failed; the message says which and what to do."""
 
 
 def local_resources(config: Any) -> Any:
@@ -249,87 +243,6 @@ def outcome(job: submitit.Job) -> Outcome:
     return Outcome(
         False, f"Slurm job {job.job_id} failed: {lines[-1] if lines else value}; its log: {job.paths.stderr}"
     )
-
-
-# ---------------------------------------------------------------- a stage inside its allocation
-
-
-def rendezvous_port(job_id: str) -> int:
-    """A port for torch.distributed's rendezvous that two jobs on one node rarely share."""
-    return 20_000 + int(job_id) % 20_000
-
-
-def run_stage_in_allocation(command: list[str], cwd: str, max_requeues: int) -> None:
-    """The body of a training job, on every task: the stage's own command as one process of a
-    process group spanning the allocation (rank and world from Slurm, rank 0's node the
-    rendezvous). Exit code REQUEUE_EXIT_CODE means "checkpointed on Slurm's warning": the job is
-    requeued and, started again, resumes from that checkpoint."""
-    env = submitit.JobEnvironment()
-    child_env = os.environ | {IN_ALLOCATION_ENV: "1"}
-    if env.num_tasks > 1:
-        child_env |= {
-            "RANK": str(env.global_rank),
-            "WORLD_SIZE": str(env.num_tasks),
-            "LOCAL_RANK": str(env.local_rank),
-            "LOCAL_WORLD_SIZE": str(env.num_tasks // env.num_nodes),
-            "MASTER_ADDR": env.hostnames[0],
-            "MASTER_PORT": str(rendezvous_port(env.raw_job_id)),
-        }
-    child = subprocess.Popen(command, cwd=cwd, env=child_env)
-
-    def forward(signum: int, _frame: Any) -> None:
-        # Slurm signals the job's processes; the stage may also be out of its reach (a process group).
-        if child.poll() is None:
-            child.send_signal(signum)
-
-    for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
-        signal.signal(signum, forward)
-    code = child.wait()
-    if code == REQUEUE_EXIT_CODE:
-        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-        if restarts >= max_requeues:
-            raise SlurmError(
-                f"training was preempted after {restarts} requeues (train.slurm.max_requeues): "
-                "rerun the stage to continue from its checkpoint"
-            )
-        # SIGTERM also comes with `scancel` (a Ctrl-C of the stage): a job being cancelled is not
-        # running any more, and must not come back.
-        state = _job_state(env.raw_job_id)
-        if env.global_rank == 0 and state == "RUNNING":
-            subprocess.run(["scontrol", "requeue", env.raw_job_id], check=True, timeout=60)
-        elif env.global_rank == 0:
-            log.warning("job %s is %s: checkpointed, not requeued", env.raw_job_id, state)
-        # No result is written: the job is not over, Slurm runs it again (or it was cancelled).
-        sys.exit(REQUEUE_EXIT_CODE)
-    if code != 0:
-        raise SlurmError(
-            f"{' '.join(command)} exited with code {code} on {env.hostname} (rank {env.global_rank})"
-        )
-
-
-def _job_state(job_id: str) -> str:
-    done = subprocess.run(
-        ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60
-    )
-    return done.stdout.strip() or "gone"
-
-
-def segment_record() -> dict[str, Any]:
-    """Where this segment of a Slurm job runs (provenance: one record per segment)."""
-    keys = {
-        "job_id": "SLURM_JOB_ID",
-        "restart_count": "SLURM_RESTART_COUNT",
-        "nodes": "SLURM_JOB_NODELIST",
-        "tasks": "SLURM_NTASKS",
-        "gpus_on_node": "SLURM_GPUS_ON_NODE",
-        "cuda_visible_devices": "CUDA_VISIBLE_DEVICES",
-        "partition": "SLURM_JOB_PARTITION",
-    }
-    record: dict[str, Any] = {name: os.environ.get(var) for name, var in keys.items()}
-    record["restart_count"] = int(record["restart_count"] or 0)
-    record["host"] = os.uname().nodename
-    record["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    return record
 
 
 def run_stage_as_job(
