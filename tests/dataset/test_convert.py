@@ -548,6 +548,7 @@ def _flip_middle_chunk(path: Path) -> int:
     return chunk.chunk_start_offset
 
 
+@pytest.mark.slow
 def test_an_export_mixing_good_and_damaged_recordings_keeps_every_good_one_byte_identical(
     tmp_path: Path,
 ) -> None:

@@ -73,6 +73,7 @@ train(store=Path(sys.argv[1]), stats=stats, stats_sha256="s" * 64, config=CONFIG
 """
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_ends_with_bitwise_identical_weights(dataset, tmp_path: Path) -> None:
     run_training(dataset, tmp_path / "straight")
 
@@ -371,6 +372,7 @@ def run_two_processes(
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
+@pytest.mark.slow
 def test_two_processes_train_together_and_interrupted_and_resumed_end_with_the_uninterrupted_weights(
     dataset, tmp_path: Path
 ) -> None:
@@ -435,6 +437,7 @@ def test_weights_do_not_depend_on_the_process_thread_count_or_the_data_workers(
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_out_of_memory_on_one_of_two_processes_backs_off_on_both_instead_of_hanging(
     dataset, tmp_path: Path
 ) -> None:
@@ -507,6 +510,7 @@ STOP_ON_RANK_1_ONLY = TWO_PROCESS_SCRIPT.replace(
 )
 
 
+@pytest.mark.slow
 def test_a_stop_request_on_one_rank_stops_both_at_the_same_step_and_resumes_exactly(
     dataset, tmp_path: Path
 ) -> None:
