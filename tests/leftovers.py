@@ -32,10 +32,11 @@ def _command(pid: int) -> str:
 
 def session_processes(session: str) -> dict[int, str]:
     """Living processes (zombies left out) started by this test session: PID -> command line.
-    A process forked without exec shows its parent's initial environment, so children of this
-    process are counted too."""
-    me, found = os.getpid(), {}
+    Those with the marker, and every descendant of them or of this process: a forked child shows
+    its parent's initial environment, and sshd starts a session with an environment of its own."""
+    me = os.getpid()
     needle = f"{MARKER}={session}".encode()
+    parents, marked = {}, {me}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
@@ -43,13 +44,23 @@ def session_processes(session: str) -> dict[int, str]:
         stat = _stat(pid)
         if stat is None or stat[0] in "ZX":
             continue
+        parents[pid] = stat[1]
         try:
-            marked = needle in (entry / "environ").read_bytes().split(b"\0")
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                marked.add(pid)
         except OSError:
             continue  # ended meanwhile, or not ours to read
-        if marked or stat[1] == me:
-            found[pid] = _command(pid)
-    return found
+    found: set[int] = set()
+    for pid in parents:
+        chain, cursor = [], pid
+        while cursor in parents and cursor not in marked and cursor not in found and len(chain) < 64:
+            chain.append(cursor)
+            cursor = parents[cursor]
+        if cursor in marked or cursor in found:
+            found.update(chain)
+            if cursor != me:
+                found.add(cursor)
+    return {pid: _command(pid) for pid in sorted(found)}
 
 
 def group_members(pgid: int) -> dict[int, str]:
