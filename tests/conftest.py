@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 
 import pytest
 from mcap.writer import CompressionType, Writer
 
+from tests.leftovers import MARKER, describe, kill, session_processes, wait_until_gone
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # CI and every checkout have the project's shared/ folder beside the repository.
 SHARED = Path(os.environ.get("POLICYPIPE_SHARED", REPO_ROOT.parent / "shared"))
 MCAP_SAMPLES = SHARED / "mcap-samples"
+
+# Inherited by every process this session starts (tests/leftovers.py): a test's leftover is found
+# by it, even reparented, and killed, and the test fails.
+SESSION = uuid.uuid4().hex
+os.environ[MARKER] = SESSION
 
 
 def write_tiny_mcap(path: Path, messages: int = 3, tag: str = "") -> Path:
@@ -103,3 +111,28 @@ def sshd(tmp_path_factory):
     server = start_sshd(tmp_path_factory.mktemp("sshd"))
     yield server
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_process_behind():
+    """A test leaves no process behind: whatever it started and is still alive a few seconds after
+    it ended (time for a cancelled Slurm job or a closed SSH session to go) is killed, and the test
+    fails. Servers of session and module fixtures, started before, are left to their fixtures."""
+    before = set(session_processes(SESSION))
+    yield
+    left = wait_until_gone(
+        lambda: {pid: cmd for pid, cmd in session_processes(SESSION).items() if pid not in before}, 15
+    )
+    if left:
+        kill(left)
+        pytest.fail("the test left processes behind (now killed):\n" + describe(left), pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_leaves_no_process_behind():
+    """The fixtures' servers (sshd, Slurm, munge) stopped with their fixtures, and all they started."""
+    yield
+    left = wait_until_gone(lambda: session_processes(SESSION), 30)
+    if left:
+        kill(left)
+        pytest.fail("the test session left processes behind (now killed):\n" + describe(left), pytrace=False)

@@ -132,6 +132,11 @@ class CuttingProxy:
             except OSError:
                 return
             server = socket.create_connection(("127.0.0.1", self.target_port))
+            # Without TCP_NODELAY each SFTP request waits for the delayed ACK of the one before
+            # (Nagle's algorithm on a relayed request/response stream): ~40 ms a file, a push of
+            # 12 MB in 35 s instead of about one.
+            for s in (client, server):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=self._pipe, args=(client, server, True), daemon=True).start()
             threading.Thread(target=self._pipe, args=(server, client, False), daemon=True).start()
 

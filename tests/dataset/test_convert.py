@@ -28,6 +28,7 @@ from policypipe.synthetic.motion import plan_motion
 from policypipe.synthetic.recording import StreamTiming, write_raw_mcap, write_vio_mcap
 from policypipe.synthetic.render import read_timecode, timecode_value
 from tests.conftest import MCAP_SAMPLES, write_status
+from tests.leftovers import describe, group_members, wait_until_gone
 
 START_NS = 1_762_160_000_000_000_000
 CONFIG = ConvertConfig(image_size=(64, 48), min_frames=10, workers=1)
@@ -304,14 +305,23 @@ def test_sigkill_mid_conversion_then_rerun_gives_the_uninterrupted_store(tmp_pat
     manifest = tmp_path / "reference.zarr.manifest.json"
 
     out, cache = tmp_path / "ds.zarr", tmp_path / "killed_cache"
+    # A process group of its own: the conversion and its pool's worker are killed together, as a
+    # stage's processes are when a job or a machine goes (killing only the parent leaves the
+    # worker running on: a pool worker does not die with its parent).
     proc = subprocess.Popen(
-        [sys.executable, "-c", CONVERT_SCRIPT, str(manifest), str(export), str(out), str(cache)]
+        [sys.executable, "-c", CONVERT_SCRIPT, str(manifest), str(export), str(out), str(cache)],
+        start_new_session=True,
     )
-    deadline = time.monotonic() + 60
-    while not list(cache.glob("*/*.json")) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    try:
+        deadline = time.monotonic() + 60
+        while not list(cache.glob("*/*.json")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(group_members(proc.pid)) >= 2, "no worker was converting when the run was killed"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    left = wait_until_gone(lambda: group_members(proc.pid), 10)
+    assert not left, f"processes of the killed conversion still running:\n{describe(left)}"
     assert not out.exists()  # nothing that looks complete
 
     convert_dataset(manifest, export, out, cache, CONFIG)
@@ -540,6 +550,7 @@ def _flip_middle_chunk(path: Path) -> int:
     return chunk.chunk_start_offset
 
 
+@pytest.mark.slow
 def test_an_export_mixing_good_and_damaged_recordings_keeps_every_good_one_byte_identical(
     tmp_path: Path,
 ) -> None:

@@ -75,6 +75,7 @@ train(store=Path(sys.argv[1]), stats=stats, stats_sha256="s" * 64, config=CONFIG
 """
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_ends_with_bitwise_identical_weights(dataset, tmp_path: Path) -> None:
     run_training(dataset, tmp_path / "straight")
 
@@ -317,11 +318,21 @@ checkpoint.save_checkpoint = recording_save
 
 stats = json.loads(Path(sys.argv[2]).read_text())
 config = replace(CONFIG, num_processes=2, steps=6, checkpoint_every=3, val_every=3)
-for run_dir, stop_after in json.loads(sys.argv[4]):
+for run_dir, stop_after, rank_1_stops_at in json.loads(sys.argv[4]):
+    options = {}
+    if rank_1_stops_at is not None:
+        # A stop signal that reaches rank 1 before rank 0 (signals arrive at each process at its own
+        # time): rank 1 asks from its `rank_1_stops_at`-th step boundary on, rank 0 never does.
+        boundaries = []
+        def stop_requested(boundaries=boundaries, at=rank_1_stops_at):
+            boundaries.append(1)
+            return os.environ["RANK"] == "1" and len(boundaries) >= at
+        options["stop_requested"] = stop_requested
     result = loop.train(store=Path(sys.argv[1]), stats=stats, stats_sha256="s" * 64, config=config,
-                        run_dir=Path(run_dir), stop_after=stop_after)
+                        run_dir=Path(run_dir), stop_after=stop_after, **options)
     print("rank", os.environ["RANK"], "resumed_from", result.resumed_from, "steps", result.steps,
-          "loss", result.last_train_loss, "backed off", result.oom_adjustments, flush=True)
+          "loss", result.last_train_loss, "backed off", result.oom_adjustments, "run", Path(run_dir).name,
+          flush=True)
 """
 
 # Rank 1 alone cannot hold more than 2 samples (a smaller GPU, or a neighbour's memory): a test
@@ -342,9 +353,14 @@ if os.environ["RANK"] == "1":
 
 
 def run_two_processes(
-    dataset, runs: list[tuple[Path, int | None]], script: str = TWO_PROCESS_SCRIPT, timeout: float = 240
+    dataset,
+    runs: list[tuple[Path, int | None, int | None]],
+    script: str = TWO_PROCESS_SCRIPT,
+    timeout: float = 240,
 ) -> subprocess.CompletedProcess:
-    """Runs `train` on 2 CPU processes (gloo), once per (run folder, stop_after), in one launch."""
+    """Runs `train` on 2 CPU processes (gloo), once per (run folder, stop_after, the step boundary
+    from which rank 1 alone requests a stop, or None), one after the other in one launch: a launch
+    costs seconds (two processes importing torch, the process group), a run of 6 steps far less."""
     repo = Path(__file__).resolve().parents[2]
     command = [
         sys.executable,
@@ -359,7 +375,7 @@ def run_two_processes(
         str(dataset[0]),
         str(dataset[1]),
         str(repo),
-        json.dumps([[str(d), s] for d, s in runs]),
+        json.dumps([[str(d), s, r] for d, s, r in runs]),
     ]
     # A session of its own: on a timeout the workers are killed with the launcher, not left hanging.
     proc = subprocess.Popen(
@@ -374,26 +390,44 @@ def run_two_processes(
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
-def test_two_processes_train_together_and_interrupted_and_resumed_end_with_the_uninterrupted_weights(
-    dataset, tmp_path: Path
-) -> None:
-    # The first launch ends with the second run stopped at step 3; the second launch (fresh processes)
-    # resumes it. Each rank must continue with its own noise and crops, not rank 0's.
-    first = run_two_processes(dataset, [(tmp_path / "straight", None), (tmp_path / "resumed", 3)])
-    assert first.returncode == 0, first.stdout + first.stderr[-3000:]
-    straight = sorted(
-        line.split() for line in first.stdout.splitlines() if line.startswith("rank") and "steps 6" in line
+def lines_of(done: subprocess.CompletedProcess, run: str) -> list[str]:
+    """The lines the ranks printed at the end of `run`."""
+    return [
+        line for line in done.stdout.splitlines() if line.startswith("rank") and line.endswith(f"run {run}")
+    ]
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(dataset, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, ...]:
+    """Two launches of two processes, shared by the tests below. The first trains `straight`,
+    stops `resumed` at step 3, and `stopped` where rank 1 alone asks to stop; the second launch
+    (fresh processes) resumes both."""
+    root = tmp_path_factory.mktemp("two-processes")
+    first = run_two_processes(
+        dataset, [(root / "straight", None, None), (root / "resumed", 3, None), (root / "stopped", None, 2)]
     )
+    second = run_two_processes(dataset, [(root / "resumed", None, None), (root / "stopped", None, None)])
+    return root, first, second
+
+
+@pytest.mark.slow
+def test_two_processes_train_together_and_interrupted_and_resumed_end_with_the_uninterrupted_weights(
+    two_process_runs,
+) -> None:
+    # The first launch ends with `resumed` stopped at step 3; the second launch (fresh processes)
+    # resumes it. Each rank must continue with its own noise and crops, not rank 0's.
+    root, first, second = two_process_runs
+    assert first.returncode == 0, first.stdout + first.stderr[-3000:]
+    straight = sorted(line.split() for line in lines_of(first, "straight") if "steps 6" in line)
     assert [words[1] for words in straight] == ["0", "1"]
     assert straight[0][7] == straight[1][7]  # the same (gathered) loss on both ranks
-    second = run_two_processes(dataset, [(tmp_path / "resumed", None)])
     assert second.returncode == 0, second.stdout + second.stderr[-3000:]
-    assert second.stdout.count("resumed_from 3 steps 6") == 2
-    assert set((tmp_path / "writers.txt").read_text().split()) == {"0"}  # only rank 0 writes checkpoints
+    assert sum("resumed_from 3 steps 6" in line for line in lines_of(second, "resumed")) == 2
+    assert set((root / "writers.txt").read_text().split()) == {"0"}  # only rank 0 writes checkpoints
 
     for name in ("model.safetensors", "ema.safetensors"):
-        a = load_file(tmp_path / "straight" / "checkpoints" / "latest" / name)
-        b = load_file(tmp_path / "resumed" / "checkpoints" / "latest" / name)
+        a = load_file(root / "straight" / "checkpoints" / "latest" / name)
+        b = load_file(root / "resumed" / "checkpoints" / "latest" / name)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
 
 
@@ -438,6 +472,7 @@ def test_weights_do_not_depend_on_the_process_thread_count_or_the_data_workers(
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_out_of_memory_on_one_of_two_processes_backs_off_on_both_instead_of_hanging(
     dataset, tmp_path: Path
 ) -> None:
@@ -447,7 +482,7 @@ def test_out_of_memory_on_one_of_two_processes_backs_off_on_both_instead_of_hang
     assert marker in TWO_PROCESS_SCRIPT
     script = TWO_PROCESS_SCRIPT.replace(marker, RANK_1_SHORT_OF_MEMORY + marker)
     try:
-        done = run_two_processes(dataset, [(tmp_path / "run", None)], script=script, timeout=90)
+        done = run_two_processes(dataset, [(tmp_path / "run", None, None)], script=script, timeout=90)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the processes hung after rank 1 ran out of memory: {exc.stdout}")
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
@@ -494,32 +529,17 @@ def test_a_stop_request_checkpoints_off_schedule_and_the_resumed_run_matches_the
     assert straight.steps == resumed.steps
 
 
-# A stop signal that reaches rank 1 before rank 0 (signals arrive at each process at its own time):
-# rank 1 asks from its second step boundary on, rank 0 never does.
-STOP_ON_RANK_1_ONLY = TWO_PROCESS_SCRIPT.replace(
-    "stats = json.loads(Path(sys.argv[2]).read_text())",
-    "boundaries = []\n"
-    "def stop_requested():\n"
-    "    boundaries.append(1)\n"
-    "    return os.environ['RANK'] == '1' and len(boundaries) >= 2\n"
-    "stats = json.loads(Path(sys.argv[2]).read_text())",
-).replace(
-    "run_dir=Path(run_dir), stop_after=stop_after)",
-    "run_dir=Path(run_dir), stop_after=stop_after, stop_requested=stop_requested)",
-)
-
-
+@pytest.mark.slow
 def test_a_stop_request_on_one_rank_stops_both_at_the_same_step_and_resumes_exactly(
-    dataset, tmp_path: Path
+    two_process_runs,
 ) -> None:
-    assert "stop_requested=stop_requested" in STOP_ON_RANK_1_ONLY
-    stopped = run_two_processes(dataset, [(tmp_path / "resumed", None)], script=STOP_ON_RANK_1_ONLY)
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr[-3000:]
-    assert stopped.stdout.count("resumed_from None steps 2") == 2  # both ranks, at the same boundary
-    second = run_two_processes(dataset, [(tmp_path / "straight", None), (tmp_path / "resumed", None)])
+    root, first, second = two_process_runs
+    assert first.returncode == 0, first.stdout + first.stderr[-3000:]
+    stopped = lines_of(first, "stopped")
+    assert sum("resumed_from None steps 2" in line for line in stopped) == 2, stopped  # both, at one boundary
     assert second.returncode == 0, second.stdout + second.stderr[-3000:]
-    assert second.stdout.count("resumed_from 2 steps 6") == 2
+    assert sum("resumed_from 2 steps 6" in line for line in lines_of(second, "stopped")) == 2
     assert all(
         torch.equal(a, b)
-        for a, b in zip(weights(tmp_path / "straight").values(), weights(tmp_path / "resumed").values())
+        for a, b in zip(weights(root / "straight").values(), weights(root / "stopped").values())
     )

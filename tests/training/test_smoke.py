@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -16,6 +17,7 @@ from policypipe.training.smoke import (
 from tests.training.conftest import CONFIG
 
 
+@pytest.mark.slow
 def test_smoke_passes_on_a_sound_setup(dataset) -> None:
     store, stats = dataset
     report = run_smoke(store, stats, CONFIG, steps=6)
@@ -24,6 +26,7 @@ def test_smoke_passes_on_a_sound_setup(dataset) -> None:
     assert report.comparison == "bitwise"  # no GPU here
 
 
+@pytest.mark.slow
 def test_smoke_fails_when_the_restored_state_is_incomplete(dataset) -> None:
     store, stats = dataset
 

@@ -95,6 +95,7 @@ def test_a_train_config_that_cannot_work_is_refused_naming_the_key_and_range(tra
         assert words in str(info.value)
 
 
+@pytest.mark.slow
 def test_the_stage_fails_on_a_bad_value_before_touching_the_run_folder(dataset, tmp_path: Path) -> None:
     store, stats = dataset
     train, policy = sections({"val_every": 0})
@@ -142,6 +143,7 @@ def test_the_stage_fails_on_a_bad_value_before_touching_the_run_folder(dataset, 
     json.loads(stats.read_text())  # the inputs are untouched too
 
 
+@pytest.mark.slow
 def test_the_stage_refuses_statistics_made_for_another_policy_section(dataset, tmp_path: Path) -> None:
     store, stats = dataset
     train, policy = sections({}, {"horizon": 16})  # stats.json was computed for horizon 8
