@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
+
+from tests.leftovers import describe, group_members, wait_until_gone
 
 SCRIPT = """
 import cv2, numpy as np
@@ -23,3 +28,36 @@ def test_a_pool_forked_after_opencv_ran_threads_in_the_parent_does_not_hang() ->
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(sorted(500 * 500 * 3 * i for i in range(4)))
+
+
+ORPHAN_SCRIPT = """
+import time
+from policypipe.processes import process_pool
+
+with process_pool(1) as pool:
+    pool.submit(time.sleep, 600)
+    print("submitted", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_pool_worker_dies_with_its_parent_killed_by_sigkill() -> None:
+    # A stage killed with SIGKILL (or by the out-of-memory killer) runs no exit handler: without
+    # the parent-death signal its worker converted on for nobody, 20 minutes and more.
+    parent = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN_SCRIPT], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert parent.stdout.readline().strip() == "submitted"
+        deadline = time.monotonic() + 30
+        while len(group_members(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(group_members(parent.pid)) >= 2, "the pool's worker never started"
+        os.kill(parent.pid, signal.SIGKILL)  # the parent alone, as the OOM killer does
+        parent.wait()
+        left = wait_until_gone(lambda: group_members(parent.pid), 10)
+        assert not left, f"the worker outlived its parent:\n{describe(left)}"
+    finally:
+        if group_members(parent.pid):
+            os.killpg(parent.pid, signal.SIGKILL)
+        parent.stdout.close()
