@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import re
 import shlex
 import shutil
 import subprocess
@@ -186,11 +187,14 @@ def wait(
     """Blocks until Slurm holds none of `jobs`; Ctrl-C (or any error here) cancels them all.
 
     A job requeued after a preemption waits in Slurm for a fixed two minutes (its begin time)
-    before it may start again; for our own requeued jobs that hold is lifted, so a run
-    continues as soon as the cluster has room.
+    before it may start again; for our own requeued jobs that hold is shortened to the time the
+    stopped run's processes may take to end (Slurm's KillWait, plus a margin): a node's daemon
+    refuses to start a job it is still tearing down ("already killed"), and the job would end
+    without a result.
     """
     remaining = {job.job_id: job for job in jobs}
     released: set[str] = set()
+    settle_s: int | None = None
     try:
         while remaining:
             queued = queued_jobs()
@@ -201,13 +205,14 @@ def wait(
                     if on_finished is not None:
                         on_finished(job)
                 elif entry.state == "PENDING" and entry.reason == "BeginTime" and job_id not in released:
+                    settle_s = _requeue_settle_s() if settle_s is None else settle_s
                     subprocess.run(
-                        ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                        ["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{settle_s}"],
                         capture_output=True,
                         timeout=60,
                     )
                     released.add(job_id)
-                    log.info("job %s was requeued: lifted Slurm's requeue hold", job_id)
+                    log.info("job %s was requeued: it may start again in %d s", job_id, settle_s)
                 elif entry.state == "RUNNING":
                     released.discard(job_id)
             if tail is not None:
@@ -219,6 +224,14 @@ def wait(
     except BaseException:
         cancel(remaining.values())
         raise
+
+
+def _requeue_settle_s(margin_s: int = 5) -> int:
+    """Slurm's KillWait (how long a stopped job's processes get before SIGKILL; 30 s unless the
+    cluster sets it) plus a margin."""
+    done = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60)
+    found = re.search(r"^KillWait\s*=\s*(\d+)", done.stdout, re.MULTILINE)
+    return (int(found[1]) if found else 30) + margin_s
 
 
 @dataclass(frozen=True)
