@@ -194,6 +194,7 @@ def wait(
     """
     remaining = {job.job_id: job for job in jobs}
     released: set[str] = set()
+    held_since: dict[str, float] = {}  # requeued jobs of ours, since when they are seen held
     settle_s: int | None = None
     try:
         while remaining:
@@ -206,13 +207,20 @@ def wait(
                         on_finished(job)
                 elif entry.state == "PENDING" and entry.reason == "BeginTime" and job_id not in released:
                     settle_s = _requeue_settle_s() if settle_s is None else settle_s
-                    subprocess.run(
-                        ["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{settle_s}"],
-                        capture_output=True,
-                        timeout=60,
-                    )
-                    released.add(job_id)
-                    log.info("job %s was requeued: it may start again in %d s", job_id, settle_s)
+                    since = held_since.setdefault(job_id, time.monotonic())
+                    # Lifted once the stopped run has had time to end: StartTime=now, not a time
+                    # ahead, which would wait for the scheduler's next cycle (up to a minute).
+                    if time.monotonic() - since >= settle_s:
+                        subprocess.run(
+                            ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                            capture_output=True,
+                            timeout=60,
+                        )
+                        released.add(job_id)
+                        del held_since[job_id]
+                        log.info(
+                            "job %s was requeued: lifted Slurm's requeue hold after %d s", job_id, settle_s
+                        )
                 elif entry.state == "RUNNING":
                     released.discard(job_id)
             if tail is not None:
