@@ -63,6 +63,7 @@ def main() -> None:
         if how == "processes":
             sys.exit(launch.run_as_processes(config.num_processes, sys.argv))
         stats = json.loads(args.stats.read_text())
+        stats_sha256 = sha256_file(args.stats)
         require_same_window(stats, asdict(config.window), f"params.yaml [policy] (train reads {args.stats})")
     except (ConfigError, submit.SlurmError) as exc:
         fail(str(exc))
@@ -86,7 +87,7 @@ def main() -> None:
             result = train(
                 store=args.dataset,
                 stats=stats,
-                stats_sha256=sha256_file(args.stats),
+                stats_sha256=stats_sha256,
                 config=config,
                 run_dir=args.run_dir,
                 log_step=logger,
@@ -107,12 +108,12 @@ def main() -> None:
         if rank != 0:
             return  # rank 0 alone writes the outputs
         fingerprint = stats["dataset_fingerprint"]["sha256"]
-        trained_with = {"dataset_fingerprint": fingerprint, "stats_sha256": sha256_file(args.stats)}
+        trained_with = {"dataset_fingerprint": fingerprint, "stats_sha256": stats_sha256}
         save_policy(args.policy, result.policy, trained_with | {"steps": result.steps})
         metrics = result.metrics(args.run_dir, wall_time_s=time.monotonic() - started)
         write_json_atomic(args.metrics, metrics)
     run.inputs[args.dataset.as_posix() + "#fingerprint"] = fingerprint
-    run.inputs[args.stats.as_posix()] = trained_with["stats_sha256"]
+    run.inputs[args.stats.as_posix()] = stats_sha256
     run.outputs[args.policy.as_posix()] = sha256_path(args.policy)
     if (segments := in_job.segments_so_far()) is not None:
         run.details["slurm_segments"] = segments

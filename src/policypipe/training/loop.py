@@ -206,7 +206,6 @@ def _train_once(
             f"train.num_processes is {config.num_processes} but "
             f"{accelerator.num_processes} processes are running"
         )
-    per_device_batch = config.batch_size // (config.grad_accum * accelerator.num_processes)
     window = config.window
     checkpoints = run_dir / "checkpoints"
 
@@ -259,7 +258,7 @@ def _train_once(
         num_workers=config.num_workers,
         persistent_workers=config.num_workers > 0,
     )
-    val_batches = fixed_val_batches(val_set, per_device_batch, config.val_batches)
+    val_batches = fixed_val_batches(val_set, _device_batch(config), config.val_batches)
     warnings: list[str] = []
 
     batches = iter(loader)
