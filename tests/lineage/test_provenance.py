@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 from policypipe.lineage.hashing import sha256_file
@@ -68,6 +69,31 @@ def test_record_holds_code_environment_host_command_params_and_hashes(tmp_path: 
     assert acc["device"] in ("cpu", "cuda") and isinstance(acc["gpus"], list)
     host = record["host"]
     assert host["hostname"] and host["cpu_count"] >= 1 and host["memory_bytes"] > 0
+
+
+RECORD_IN_FRESH_PROCESS = """
+import json, sys
+from pathlib import Path
+from policypipe.lineage.provenance import StageRun
+with StageRun("convert", params={}, root=Path(sys.argv[1])) as run:
+    pass
+record = run.record()
+print(json.dumps({"torch_imported": "torch" in sys.modules, "accelerator": record["accelerator"]}))
+"""
+
+
+def test_a_stage_without_torch_records_its_version_without_importing_it(tmp_path: Path) -> None:
+    # Importing torch to read its version cost the convert stage ~200 MB of resident memory.
+    root = tmp_path / "repo"
+    make_repo(root, "")
+    out = subprocess.run(
+        [sys.executable, "-c", RECORD_IN_FRESH_PROCESS, str(root)], capture_output=True, text=True, check=True
+    )
+    seen = json.loads(out.stdout)
+    assert seen["torch_imported"] is False
+    acc = seen["accelerator"]
+    assert acc["torch"].startswith("2.13.0") and acc["torch_loaded"] is False
+    assert acc["device"] == "cpu" and acc["cuda"] is None
 
 
 def test_clean_checkout_is_not_dirty_and_outside_git_says_so(tmp_path: Path) -> None:

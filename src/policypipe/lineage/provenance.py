@@ -205,20 +205,25 @@ def environment_state(root: Path) -> dict[str, Any]:
 
 
 def accelerator_state() -> dict[str, Any]:
+    """The accelerator a stage ran on. torch's version comes from its package metadata: importing
+    torch only to record it would add ~200 MB to every stage that never uses it (pair, convert,
+    stats). CUDA and cuDNN are what torch reports, so they are recorded by the stages that load it
+    (train, eval); a stage without torch computed on the CPU."""
     state: dict[str, Any] = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
-        import torch
-
-        state["torch"] = torch.__version__
-        state["cuda"] = torch.version.cuda
-        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-        state["cudnn"] = cudnn
-        cuda_ok = torch.cuda.is_available()
-    except ImportError:
+        state["torch"] = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
         state["torch"] = None
+    torch = sys.modules.get("torch")
+    state["torch_loaded"] = torch is not None
+    if torch is not None:
+        state["cuda"] = torch.version.cuda
+        state["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        cuda_ok = torch.cuda.is_available()
+    else:
+        state["cuda"] = state["cudnn"] = None
         cuda_ok = False
-    gpus = _nvidia_smi()
-    state["gpus"] = gpus
+    state["gpus"] = _nvidia_smi()
     state["device"] = "cuda" if cuda_ok else "cpu"
     return state
 
