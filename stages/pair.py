@@ -29,6 +29,8 @@ def main() -> None:
             result = pair_export(args.export, config)
         except FileNotFoundError as exc:
             fail(f"{exc}; put the studio's export there (or run `make demo` for sample data)")
+        except PermissionError as exc:
+            fail(f"{exc}; give this user read and execute permission on it (chmod a+rx)")
         write_json_atomic(args.manifest, result.manifest())
         write_json_atomic(args.report, result.report())
         write_json_atomic(args.metrics, result.metrics())

@@ -405,3 +405,71 @@ def test_a_named_pipe_is_rejected_without_blocking_the_walk(export: Path) -> Non
     result = pair_export(export, CONFIG)
     assert [r.stem for r in result.recordings] == ["good"]
     assert reasons(result)["stream_vio.mcap"] == "unreadable"
+
+
+def pair_without_privileges(export: Path) -> dict[str, str] | str:
+    """`reasons(pair_export(export))` as a user without root's right to list any folder: in a forked
+    child that drops to `nobody` when the tests run as root (CI does), in this process otherwise.
+    A PermissionError comes back as its message."""
+
+    def run() -> dict[str, str] | str:
+        try:
+            return reasons(pair_export(export, CONFIG))
+        except PermissionError as exc:
+            return str(exc)
+
+    if os.geteuid() != 0:
+        return run()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to nobody, pair, send the result, exit without pytest's cleanup
+        status = 1
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            with os.fdopen(write_end, "w") as out:
+                json.dump(run(), out)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end) as got:
+        result = got.read()
+    assert os.waitpid(pid, 0)[1] == 0
+    return json.loads(result)
+
+
+@pytest.fixture
+def world_readable_export():
+    # pytest's tmp_path lies under a folder only its owner may enter: nobody could not reach it.
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="policypipe-perm-"))
+    base.chmod(0o755)
+    yield base / "export"
+    for folder in base.rglob("*"):
+        if folder.is_dir():
+            folder.chmod(0o755)
+    shutil.rmtree(base)
+
+
+def test_a_folder_that_cannot_be_listed_is_reported_not_skipped(world_readable_export: Path) -> None:
+    export = world_readable_export
+    write_triplet(export / "session_01", "good")
+    write_triplet(export / "locked", "hidden")
+    for path in export.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    export.chmod(0o755)
+    (export / "locked").chmod(0o000)
+    found = pair_without_privileges(export)
+    assert found == {"locked": "unreadable"}, found
+
+
+def test_an_export_that_cannot_be_listed_is_an_error_naming_it(world_readable_export: Path) -> None:
+    export = world_readable_export
+    write_triplet(export, "good")
+    export.chmod(0o000)
+    found = pair_without_privileges(export)
+    assert isinstance(found, str) and f"export folder {export.resolve()} cannot be listed" in found

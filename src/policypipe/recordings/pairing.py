@@ -164,11 +164,11 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
 
     rejections: list[Rejection] = []
     candidates: list[Path] = []  # regular files (or links to files inside the export)
-    for path, reason, detail in _walk(root):
+    for path, reason, detail in walk_export(root):
         if reason is None:
             candidates.append(path)
         else:
-            rejections.append(Rejection(_rel(path, root), reason, detail))
+            rejections.append(Rejection(export_relative_path(path, root), reason, detail))
 
     digests: dict[Path, str] = {}
     readable: list[Path] = []
@@ -178,7 +178,9 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
                 # A named pipe would block the first read forever; a device is no recording.
                 rejections.append(
                     Rejection(
-                        _rel(path, root), Reason.UNREADABLE, "not a regular file (a pipe, socket or device)"
+                        export_relative_path(path, root),
+                        Reason.UNREADABLE,
+                        "not a regular file (a pipe, socket or device)",
                     )
                 )
                 continue
@@ -186,21 +188,27 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
                 readable.append(path)
         except OSError as exc:
             rejections.append(
-                Rejection(_rel(path, root), Reason.UNREADABLE, f"cannot be read: {exc.strerror}")
+                Rejection(
+                    export_relative_path(path, root), Reason.UNREADABLE, f"cannot be read: {exc.strerror}"
+                )
             )
     workers = config.hash_workers or None
     digests = sha256_files(readable, workers=workers)
-    export_sha256 = tree_digest({_rel(p, root): d for p, d in digests.items()})
+    export_sha256 = tree_digest({export_relative_path(p, root): d for p, d in digests.items()})
 
     # stem -> folder -> role -> path
     by_stem: dict[str, dict[str, dict[Role, Path]]] = defaultdict(lambda: defaultdict(dict))
     for path in readable:
         found = classify(path.name)
         if found is None:
-            rejections.append(Rejection(_rel(path, root), Reason.NOT_AN_INPUT, describe_non_input(path.name)))
+            rejections.append(
+                Rejection(
+                    export_relative_path(path, root), Reason.NOT_AN_INPUT, describe_non_input(path.name)
+                )
+            )
             continue
         role, stem = found
-        by_stem[stem][_rel(path.parent, root)][role] = path
+        by_stem[stem][export_relative_path(path.parent, root)][role] = path
 
     recordings: list[Recording] = []
     for stem in sorted(by_stem):
@@ -213,18 +221,22 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
             )
             for files in folders.values():
                 rejections.extend(
-                    Rejection(_rel(p, root), Reason.DUPLICATE_STEM, detail) for p in files.values()
+                    Rejection(export_relative_path(p, root), Reason.DUPLICATE_STEM, detail)
+                    for p in files.values()
                 )
             continue
         ((folder, files),) = folders.items()
         outcome = _check_recording(root, stem, files, config)
         if isinstance(outcome, _Rejected):
             rejections.extend(
-                Rejection(_rel(p, root), outcome.reason, outcome.detail) for p in files.values()
+                Rejection(export_relative_path(p, root), outcome.reason, outcome.detail)
+                for p in files.values()
             )
             continue
         entries = {
-            role: FileEntry(_rel(files[role], root), files[role].stat().st_size, digests[files[role]])
+            role: FileEntry(
+                export_relative_path(files[role], root), files[role].stat().st_size, digests[files[role]]
+            )
             for role in Role
         }
         recordings.append(Recording(stem, folder, entries, outcome.status, outcome.truncated))
@@ -444,12 +456,17 @@ def _points_outside(root: Path, folder: Path, named: str) -> bool:
     return not target.is_relative_to(root)
 
 
-def _walk(root: Path) -> Iterator[tuple[Path, Reason | None, str | None]]:
+def walk_export(root: Path) -> Iterator[tuple[Path, Reason | None, str | None]]:
     """Yields (path, None, None) for every file to consider, (path, reason, detail) for entries not followed.
 
-    Folder links are never walked into, so the walk ends even where links form a loop.
+    Folder links are never walked into, so the walk ends even where links form a loop. A folder
+    that cannot be listed is yielded as unreadable: os.walk would skip it, and its recordings with
+    it, without a word.
     """
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    unlistable: list[OSError] = []
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable.append, followlinks=False):
+        while unlistable:
+            yield _unlistable_folder(root, unlistable.pop())
         here = Path(dirpath)
         dirnames.sort()
         for name in list(dirnames):
@@ -471,6 +488,22 @@ def _walk(root: Path) -> Iterator[tuple[Path, Reason | None, str | None]]:
                     yield path, *verdict
                     continue
             yield path, None, None
+    while unlistable:
+        yield _unlistable_folder(root, unlistable.pop())
+
+
+def _unlistable_folder(root: Path, exc: OSError) -> tuple[Path, Reason, str]:
+    path = Path(exc.filename)
+    if path == root:  # nothing of the export can be paired: not one rejection among others
+        raise PermissionError(exc.errno, f"export folder {root} cannot be listed: {exc.strerror}")
+    return (
+        path,
+        Reason.UNREADABLE,
+        (
+            f"folder cannot be listed ({exc.strerror}): the recordings in it, if any, are not paired; "
+            "give this user read and execute permission on it (chmod a+rx), or move it out of the export"
+        ),
+    )
 
 
 _NOT_UTF8 = (
@@ -523,7 +556,7 @@ def _link_verdict(root: Path, path: Path, kind: str) -> tuple[Reason, str] | Non
     )
 
 
-def _rel(path: Path, root: Path) -> str:
+def export_relative_path(path: Path, root: Path) -> str:
     """The export-relative POSIX path, always JSON text: bytes of a name that is not UTF-8 (only
     ever in a rejected entry) are written as \\xNN."""
     rel = os.fsencode(path.relative_to(root).as_posix()).decode("utf-8", "backslashreplace")
