@@ -424,3 +424,15 @@ def test_an_h264_stream_without_any_usable_keyframe_is_excluded_saying_why() -> 
     with pytest.raises(RecordingError) as failure:
         build_episode(h264_streams(idr_free, camera_ns[: len(idr_free)]), CONFIG)
     assert failure.value.reason == "h264_no_keyframe" and "IDR" in str(failure.value)
+
+
+@pytest.mark.parametrize(
+    ("offset_s", "says"), [(3600.0, "starts 3597.733 s after"), (-3600.0, "ends 3598.0")]
+)
+def test_camera_on_another_clock_says_the_spans_do_not_overlap_and_by_how_much(offset_s, says) -> None:
+    # Excluded as `too_short: 0 usable frames` before: true, and no help in finding the clock.
+    with pytest.raises(RecordingError) as info:
+        build_episode(make_streams(camera_offset_s=offset_s), CONFIG)
+    assert info.value.reason == "no_time_overlap"
+    assert "no camera frame lies within the pose and width time span" in str(info.value)
+    assert says in str(info.value), str(info.value)

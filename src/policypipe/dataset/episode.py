@@ -78,6 +78,28 @@ def frame_interval_ns(capture_ns: np.ndarray) -> float:
     return float(np.median(intervals[intervals < 1.5 * rough]))
 
 
+def _no_overlap(t_cam: np.ndarray, streams: tuple[np.ndarray, np.ndarray], both: tuple[int, int]) -> str:
+    """Why no camera frame has a pose and width: the spans, and how far apart (another clock?)."""
+
+    pose_t, width_t = streams
+
+    def span(t: np.ndarray) -> str:
+        return f"{(t[0] - pose_t[0]) / 1e9:+.3f}..{(t[-1] - pose_t[0]) / 1e9:+.3f} s"
+
+    lo, hi = both
+    if lo > hi:
+        where = "pose and width do not overlap each other"
+    elif t_cam[0] > hi:
+        where = f"the camera starts {(t_cam[0] - hi) / 1e9:.3f} s after pose and width end"
+    else:
+        where = f"the camera ends {(lo - t_cam[-1]) / 1e9:.3f} s before pose and width begin"
+    return (
+        f"no camera frame lies within the pose and width time span: {where} (from the first pose sample: "
+        f"camera {span(t_cam)}, pose {span(pose_t)}, width {span(width_t)}). Capture times of all "
+        "streams must be on one clock (recording-format.md): check the studio's time source"
+    )
+
+
 def measured_frequency(capture_ns: np.ndarray) -> float:
     return 1e9 / frame_interval_ns(capture_ns)
 
@@ -374,6 +396,8 @@ def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
 
     lo, hi = max(pose_t[0], width_t[0]), min(pose_t[-1], width_t[-1])
     inside = (t_cam >= lo) & (t_cam <= hi)
+    if len(t_cam) and not inside.any():
+        raise RecordingError("no_time_overlap", _no_overlap(t_cam, (pose_t, width_t), (lo, hi)))
     if problems:
         dropped["tracking_loss"] += int((~inside).sum())
     else:
