@@ -217,3 +217,59 @@ def test_remote_check_accepts_the_known_key_and_refuses_unknown_or_changed_ones(
     known.write_text(f"[127.0.0.1]:{sshd.port} {algorithm} {key}\n")
     done = check(small_repo, known)
     assert done.returncode == 3 and "CHANGED" in done.stderr, done.stderr
+
+
+def metrics_repo(repo: Path) -> Path:
+    """A git + DVC repository whose first commit has a metric and a plot, and no remote."""
+    repo.mkdir()
+    run(repo, "git", "init", "-q")
+    run(repo, "dvc", "init", "-q")
+    (repo / "dvc.yaml").write_text("metrics:\n  - metrics.json\nplots:\n  - loss.csv\n")
+    (repo / "metrics.json").write_text('{"loss": 1.0}\n')
+    (repo / "loss.csv").write_text("step,loss\n0,1.0\n")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-q", "-m", "a metric, no remote")
+    return repo
+
+
+def assert_the_revision_before_the_remote_loads(repo: Path) -> None:
+    """`dvc metrics diff`, `dvc plots diff` and `dvc exp show` against HEAD~1, which has no remote."""
+    (repo / "metrics.json").write_text('{"loss": 0.5}\n')
+    (repo / "loss.csv").write_text("step,loss\n0,0.5\n")
+    done = subprocess.run(
+        ["dvc", "metrics", "diff", "HEAD~1", "--json"], cwd=repo, env=env(), capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "failed to load" not in done.stderr, done.stderr
+    assert json.loads(done.stdout) == {"metrics.json": {"loss": {"old": 1.0, "new": 0.5, "diff": -0.5}}}
+    plots = json.loads(run(repo, "dvc", "plots", "diff", "HEAD~1", "--json"))
+    assert "errors" not in plots, plots.get("errors")
+    assert sorted(plots["data"]["loss.csv"][0]["revisions"]) == ["HEAD~1", "workspace"]
+    shown = json.loads(run(repo, "dvc", "exp", "show", "-n", "2", "--json"))
+    older = shown[-1]  # workspace, HEAD, then HEAD~1
+    assert older["error"] is None and older["data"]["metrics"]["metrics.json"]["data"] == {"loss": 1.0}
+
+
+def test_remote_add_keeps_revisions_from_before_the_remote_comparable(tmp_path: Path) -> None:
+    # As a new user does it (docs/lineage.md, "Remotes"): add the remote, commit, compare. No server
+    # needed: nothing here connects to it.
+    repo = metrics_repo(tmp_path / "repo")
+    key = keygen(tmp_path / "key")
+    run(
+        repo,
+        "policypipe",
+        "remote",
+        "add",
+        "server",
+        "ssh://me@127.0.0.1:2222/srv/dvc",
+        "--keyfile",
+        str(key),
+    )
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-q", "-m", "the remote")
+    assert str(key) not in (repo / ".dvc/config").read_text()  # the key stays out of git
+    assert_the_revision_before_the_remote_loads(repo)
+
+    # Added again at another address, without a key: the local URL, which overrides .dvc/config's,
+    # follows (a stale one would send every push to the old address).
+    run(repo, "policypipe", "remote", "add", "server", "ssh://me@127.0.0.1:2223/srv/dvc")
+    assert "url = ssh://me@127.0.0.1:2223/srv/dvc" in (repo / ".dvc/config.local").read_text()

@@ -216,7 +216,9 @@ def _remote_add(args: argparse.Namespace) -> int:
 
     target = add_ssh_remote(Path.cwd(), args.name, args.url, args.keyfile, default=not args.no_default)
     key_note = (
-        "key file in .dvc/config.local (not in git)" if args.keyfile else "no key file: ssh's own choice"
+        "the URL again with the key file in .dvc/config.local (not in git)"
+        if args.keyfile
+        else "no key file: ssh's own choice"
     )
     print(
         f"remote {args.name!r} = {args.url} ({'default, ' if not args.no_default else ''}downloads verified) "
@@ -422,9 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
     ).add_subparsers(dest="action", required=True)
     p = remote.add_parser(
         "add",
-        help="add an SSH remote: URL in .dvc/config, key file in .dvc/config.local",
+        help="add an SSH remote: URL in .dvc/config, URL and key file in .dvc/config.local",
         description="`dvc remote add` for an SSH server, with every download's hash verified; the key "
-        "file's path goes to .dvc/config.local, which git ignores.",
+        "file's path goes to .dvc/config.local, which git ignores, with the URL again, so that older "
+        "revisions, whose .dvc/config lacks the remote, still load (dvc metrics diff, plots diff, exp show).",
     )
     p.add_argument("name", metavar="NAME")
     p.add_argument("url", metavar="URL", help="ssh://[user@]host[:port]/absolute/path/on/the/server")

@@ -7,6 +7,10 @@ it for a configured remote before a push.
 
 Secrets stay out of git: the remote's URL and `verify = true` go to `.dvc/config` (committed),
 the key file's path to `.dvc/config.local` (ignored by git); a URL with a password is refused.
+`config.local` gets the URL as well: DVC reads an older revision's `.dvc/config` from git but
+`config.local` from the workspace, and a local section without a URL, merged with a revision
+that has no such remote, is an invalid config: `dvc metrics diff`, `dvc plots diff` and
+`dvc exp show` then fail to load every revision from before the remote was added.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ def run_dvc(repo: Path, *args: str) -> str:
 def add_ssh_remote(
     repo: Path, name: str, url: str, keyfile: Path | None, *, default: bool = True
 ) -> SshTarget:
-    """`dvc remote add` with downloads verified, and the key file in the git-ignored local config."""
+    """`dvc remote add` with downloads verified, and the key file (with the URL) in the git-ignored
+    local config."""
     if urlsplit(url).password is not None:
         # The URL goes to .dvc/config, which is committed: a password in it would be in git's
         # history for good. Checked before the URL is parsed, whose errors quote it: the password
@@ -74,6 +79,12 @@ def add_ssh_remote(
     # Hash every object a pull downloads: a corrupted object then fails the pull instead of
     # landing silently in the cache and the workspace.
     run_dvc(repo, "remote", "modify", name, "verify", "true")
+    # The local section gets the URL too, so that it is a whole remote by itself: merged with an
+    # older revision's .dvc/config, which lacks this remote, it still validates (see the module's
+    # docstring). Also where the local section is there from an earlier `remote add`: its URL
+    # overrides .dvc/config's, and must not keep pointing at the old one.
+    if keyfile is not None or name in _level_remotes(repo, "local"):
+        run_dvc(repo, "remote", "modify", "--local", name, "url", url)
     if keyfile is not None:
         run_dvc(repo, "remote", "modify", "--local", name, "keyfile", str(keyfile))
     return target
@@ -90,6 +101,15 @@ def remote_settings(repo: Path, name: str | None) -> tuple[str, dict[str, Any]]:
     if name not in config["remote"]:
         raise RemoteError(f"no remote named {name!r}; configured: {', '.join(config['remote']) or 'none'}")
     return name, dict(config["remote"][name])
+
+
+def _level_remotes(repo: Path, level: str) -> dict[str, dict[str, Any]]:
+    """The remote sections of one config file ("repo": .dvc/config, "local": .dvc/config.local),
+    as written: not merged, not validated (a broken layout is what the caller looks for)."""
+    from dvc.config import Config
+
+    config = Config(dvc_dir=str(Path(repo).resolve() / ".dvc"), validate=False)
+    return config.load_one(level)["remote"]
 
 
 @dataclass(frozen=True)
