@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from policypipe import doctor
-from tests.sshd import LoopbackSshd
-from tests.workspace import checkout_copy, run
+from tests.sshd import LoopbackSshd, free_port, keygen
+from tests.workspace import checkout_copy, env, run
 
 
 def test_a_lock_pin_that_differs_from_what_is_installed_fails_naming_it(tmp_path: Path) -> None:
@@ -86,3 +86,34 @@ def test_doctor_in_a_checkout_checks_the_ssh_remote_against_known_hosts(
         env=os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
     )
     assert done.returncode == 1 and "FAIL remote" in done.stdout
+
+
+@pytest.mark.slow
+def test_doctor_warns_of_secrets_in_dvc_config_and_never_prints_them(tmp_path: Path) -> None:
+    repo = checkout_copy(tmp_path / "repo")
+    # Set as a user might, with DVC's own commands and no --local: into .dvc/config, which git tracks.
+    # Nothing listens on the port: the remote check fails, and its message quotes the URL.
+    url = f"ssh://me:url-s3cret@127.0.0.1:{free_port()}/srv/dvc"
+    run(repo, "dvc", "remote", "add", "-d", "server", url)
+    run(repo, "dvc", "remote", "modify", "server", "passphrase", "phrase-s3cret")
+    run(repo, "dvc", "remote", "modify", "--local", "server", "keyfile", str(keygen(tmp_path / "key")))
+    done = subprocess.run(
+        ["policypipe", "doctor", "--known-hosts", str(tmp_path / "known_hosts")],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env=env(),
+    )
+    printed = done.stdout + done.stderr
+    assert "url-s3cret" not in printed and "phrase-s3cret" not in printed, printed
+    assert done.returncode == 1 and "FAIL remote: server (ssh://me:****@127.0.0.1:" in done.stdout, printed
+    warned = [line for line in done.stdout.splitlines() if line.startswith("WARN remote config:")]
+    assert len(warned) == 3, printed  # the URL's password, the passphrase, the local key without a URL
+    url_line, passphrase_line, local_line = warned
+    assert "URL of remote 'server' in .dvc/config, which git tracks, holds a password" in url_line
+    assert "`dvc remote modify server url ssh://me@127.0.0.1:" in url_line
+    assert "remote 'server' has its passphrase (****) in .dvc/config, which git tracks" in passphrase_line
+    assert "`dvc remote modify --local server passphrase PASSPHRASE`" in passphrase_line
+    assert "`dvc remote modify --unset server passphrase`" in passphrase_line
+    assert "not committed yet" in passphrase_line
+    assert ".dvc/config.local sets keyfile for remote 'server' but not its URL" in local_line

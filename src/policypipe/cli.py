@@ -216,7 +216,9 @@ def _remote_add(args: argparse.Namespace) -> int:
 
     target = add_ssh_remote(Path.cwd(), args.name, args.url, args.keyfile, default=not args.no_default)
     key_note = (
-        "key file in .dvc/config.local (not in git)" if args.keyfile else "no key file: ssh's own choice"
+        "the URL again with the key file in .dvc/config.local (not in git)"
+        if args.keyfile
+        else "no key file: ssh's own choice"
     )
     print(
         f"remote {args.name!r} = {args.url} ({'default, ' if not args.no_default else ''}downloads verified) "
@@ -229,11 +231,15 @@ def _remote_add(args: argparse.Namespace) -> int:
 
 
 def _remote_check(args: argparse.Namespace) -> int:
-    from policypipe.remote import check_host_key, parse_ssh_url, remote_settings
+    from policypipe.remote import check_host_key, config_problems, mask_url, parse_ssh_url, remote_settings
 
+    # Warnings, not refusals: the host key decides the exit status. Printed first, since a broken
+    # config.local also makes remote_settings fail.
+    for problem in config_problems(Path.cwd()):
+        print(f"warning: {problem}", file=sys.stderr)
     name, settings = remote_settings(Path.cwd(), args.name)
     if not settings["url"].startswith("ssh://"):
-        print(f"remote {name!r} is {settings['url']}: not an SSH remote, no host key to check")
+        print(f"remote {name!r} is {mask_url(settings['url'])}: not an SSH remote, no host key to check")
         return 0
     target = parse_ssh_url(settings["url"])
     port = int(settings.get("port") or target.port)
@@ -267,6 +273,7 @@ def _doctor(args: argparse.Namespace) -> int:
         lambda: doctor.check_disk(repo, needed),
         lambda: doctor.check_lock(repo / "requirements.lock"),
         lambda: doctor.check_remote(repo, args.known_hosts),
+        lambda: doctor.check_remote_config(repo),
     ]
     if config.launcher == "slurm" or convert.get("executor") == "slurm":
         checks.append(doctor.check_slurm)
@@ -393,7 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read-only checks, run from the repository root: GPUs visible and "
         "their free memory; your processes still holding GPU memory (listed with PID and command, never "
         "killed); free disk against the checkpoints (and dataset) the run will write; the lock against "
-        "what is installed; the default DVC remote (SSH: reachable with a known host key); Slurm, when "
+        "what is installed; the default DVC remote (SSH: reachable with a known host key); every "
+        "remote's settings (no secret in .dvc/config, a .dvc/config.local that keeps older revisions "
+        "loadable); Slurm, when "
         "convert.executor or train.launcher is slurm. Exit status 1 if any check fails.",
     )
     p.add_argument("--known-hosts", type=Path, default=Path.home() / ".ssh" / "known_hosts")
@@ -422,9 +431,10 @@ def build_parser() -> argparse.ArgumentParser:
     ).add_subparsers(dest="action", required=True)
     p = remote.add_parser(
         "add",
-        help="add an SSH remote: URL in .dvc/config, key file in .dvc/config.local",
+        help="add an SSH remote: URL in .dvc/config, URL and key file in .dvc/config.local",
         description="`dvc remote add` for an SSH server, with every download's hash verified; the key "
-        "file's path goes to .dvc/config.local, which git ignores.",
+        "file's path goes to .dvc/config.local, which git ignores, with the URL again, so that older "
+        "revisions, whose .dvc/config lacks the remote, still load (dvc metrics diff, plots diff, exp show).",
     )
     p.add_argument("name", metavar="NAME")
     p.add_argument("url", metavar="URL", help="ssh://[user@]host[:port]/absolute/path/on/the/server")
@@ -440,7 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         help="verify the server's host key against known_hosts (dvc-ssh does not)",
         description="Compare the host key the remote's server presents with your known_hosts. Refuses "
-        "(exit status 3) an unknown or changed key. Run it before `dvc push` to a new server.",
+        "(exit status 3) an unknown or changed key. Run it before `dvc push` to a new server. Also warns "
+        "of a secret in .dvc/config (git tracks it) and of a .dvc/config.local that breaks older "
+        "revisions, with the commands that fix them; no secret is printed.",
     )
     p.add_argument(
         "name", nargs="?", default=None, metavar="NAME", help="remote name (default: the default remote)"

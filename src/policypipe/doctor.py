@@ -2,7 +2,9 @@
 
 Each check is small, reads only, and says what to do: GPUs and their free memory, this user's
 processes still holding GPU memory (listed, never killed), free disk against what the run will
-write, the lock against what is installed, the DVC remote, and Slurm when params ask for it.
+write, the lock against what is installed, the DVC remote and its settings (no secret in the
+git-tracked `.dvc/config`; a `.dvc/config.local` that keeps older revisions loadable), and Slurm
+when params ask for it. No check prints a secret: URLs are shown with their password masked.
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ def check_lock(lock: Path) -> Check:
 
 
 def check_remote(repo: Path, known_hosts: Path) -> Check:
-    from policypipe.remote import RemoteError, check_host_key, parse_ssh_url, remote_settings
+    from policypipe.remote import RemoteError, check_host_key, mask_url, parse_ssh_url, remote_settings
 
     try:
         name, settings = remote_settings(repo, None)
@@ -160,10 +162,10 @@ def check_remote(repo: Path, known_hosts: Path) -> Check:
             target = parse_ssh_url(url)
             result = check_host_key(target.host, int(settings.get("port") or target.port), known_hosts)
         except (RemoteError, OSError) as exc:
-            return Check("remote", "fail", f"{name} ({url}): {exc}")
+            return Check("remote", "fail", f"{name} ({mask_url(url)}): {exc}")
         return Check("remote", "ok" if result.ok else "fail", f"{name}: {result.message(known_hosts)}")
     if "://" in url:
-        return Check("remote", "warn", f"{name} is {url}: only SSH and folder remotes are checked")
+        return Check("remote", "warn", f"{name} is {mask_url(url)}: only SSH and folder remotes are checked")
     folder = Path(url) if Path(url).is_absolute() else (repo / ".dvc" / url).resolve()
     probe = folder if folder.exists() else folder.parent
     if os.access(probe, os.W_OK):
@@ -171,6 +173,22 @@ def check_remote(repo: Path, known_hosts: Path) -> Check:
     return Check(
         "remote", "fail", f"{name}: folder {folder} cannot be written: create it or fix its permissions"
     )
+
+
+def check_remote_config(repo: Path) -> list[Check]:
+    """Every remote's settings, not only the default one's: one warning per problem found."""
+    from policypipe.remote import config_problems
+
+    problems = config_problems(repo)
+    if not problems:
+        return [
+            Check(
+                "remote config",
+                "ok",
+                "no secret in .dvc/config; .dvc/config.local keeps older revisions loadable",
+            )
+        ]
+    return [Check("remote config", "warn", problem) for problem in problems]
 
 
 def check_slurm() -> Check:
@@ -190,11 +208,13 @@ def checkpoint_bytes(train_config: Any) -> int:
     return parameters * 4 * 4
 
 
-def run_checks(checks: list[Callable[[], Check]]) -> list[Check]:
+def run_checks(checks: list[Callable[[], Check | list[Check]]]) -> list[Check]:
+    """Each check's result (a check may find several problems: a list), in order."""
     results = []
     for check in checks:
         try:
-            results.append(check())
+            result = check()
+            results.extend(result if isinstance(result, list) else [result])
         except Exception as exc:  # noqa: BLE001 - a check that breaks is reported, the others still run
             results.append(
                 Check(getattr(check, "__name__", "check"), "fail", f"the check itself failed: {exc!r}")

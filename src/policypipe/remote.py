@@ -7,6 +7,12 @@ it for a configured remote before a push.
 
 Secrets stay out of git: the remote's URL and `verify = true` go to `.dvc/config` (committed),
 the key file's path to `.dvc/config.local` (ignored by git); a URL with a password is refused.
+`config.local` gets the URL as well: DVC reads an older revision's `.dvc/config` from git but
+`config.local` from the workspace, and a local section without a URL, merged with a revision
+that has no such remote, is an invalid config: `dvc metrics diff`, `dvc plots diff` and
+`dvc exp show` then fail to load every revision from before the remote was added.
+`config_problems` finds a secret in `.dvc/config` and such a local section in a repository set
+up otherwise, and says how to fix each; nothing here prints a secret (`mask_url`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_SSH_PORT = 22
 # An RSA host key is offered under these signature algorithms (current servers refuse ssh-rsa).
@@ -39,7 +45,9 @@ class SshTarget:
 def parse_ssh_url(url: str) -> SshTarget:
     parts = urlsplit(url)
     if parts.scheme != "ssh" or not parts.hostname or not parts.path:
-        raise RemoteError(f"{url!r} is not an SSH remote URL: use ssh://[user@]host[:port]/absolute/path")
+        raise RemoteError(
+            f"{mask_url(url)!r} is not an SSH remote URL: use ssh://[user@]host[:port]/absolute/path"
+        )
     return SshTarget(parts.hostname, parts.port or DEFAULT_SSH_PORT, parts.username, parts.path)
 
 
@@ -53,17 +61,23 @@ def run_dvc(repo: Path, *args: str) -> str:
 def add_ssh_remote(
     repo: Path, name: str, url: str, keyfile: Path | None, *, default: bool = True
 ) -> SshTarget:
-    """`dvc remote add` with downloads verified, and the key file in the git-ignored local config."""
+    """`dvc remote add` with downloads verified, and the key file (with the URL) in the git-ignored
+    local config."""
     if urlsplit(url).password is not None:
         # The URL goes to .dvc/config, which is committed: a password in it would be in git's
-        # history for good. Checked before the URL is parsed, whose errors quote it: the password
-        # is not echoed to a terminal or a CI log either.
+        # history for good. The message shows the URL without it: the password is not echoed to a
+        # terminal or a CI log either. Its move to config.local names the URL too: a local section
+        # without one breaks older revisions (see the module's docstring).
+        clean = _without_password(url, None)
         raise RemoteError(
             "the URL holds a password, and the URL is written to .dvc/config, which git tracks. Remove the "
-            "password from the URL and authenticate with a key file (--keyfile PATH), "
-            "or keep the password out of "
-            f"git with `dvc remote modify --local {name} password ...`, "
-            "which writes .dvc/config.local (ignored by git)"
+            f"password from the URL and authenticate with a key file: `policypipe remote add {name} {clean} "
+            "--keyfile PATH`; or keep the password in .dvc/config.local (ignored by git): "
+            + _commands(
+                f"policypipe remote add {name} {clean}",
+                f"dvc remote modify --local {name} url {clean}",
+                f"dvc remote modify --local {name} password PASSWORD",
+            )
         )
     target = parse_ssh_url(url)
     if keyfile is not None:
@@ -74,6 +88,12 @@ def add_ssh_remote(
     # Hash every object a pull downloads: a corrupted object then fails the pull instead of
     # landing silently in the cache and the workspace.
     run_dvc(repo, "remote", "modify", name, "verify", "true")
+    # The local section gets the URL too, so that it is a whole remote by itself: merged with an
+    # older revision's .dvc/config, which lacks this remote, it still validates (see the module's
+    # docstring). Also where the local section is there from an earlier `remote add`: its URL
+    # overrides .dvc/config's, and must not keep pointing at the old one.
+    if keyfile is not None or name in _level_remotes(repo, "local"):
+        run_dvc(repo, "remote", "modify", "--local", name, "url", url)
     if keyfile is not None:
         run_dvc(repo, "remote", "modify", "--local", name, "keyfile", str(keyfile))
     return target
@@ -81,15 +101,178 @@ def add_ssh_remote(
 
 def remote_settings(repo: Path, name: str | None) -> tuple[str, dict[str, Any]]:
     """(name, settings) of a configured remote, all config levels merged; the default one if no name."""
-    from dvc.config import Config
+    from dvc.config import Config, ConfigError
 
-    config = Config(dvc_dir=str(Path(repo) / ".dvc"))
+    try:
+        config = Config(dvc_dir=str(Path(repo) / ".dvc"))
+    except ConfigError as exc:
+        raise RemoteError(
+            f"the DVC config (.dvc/config merged with .dvc/config.local) is invalid: {exc}"
+        ) from exc
     name = name or config["core"].get("remote")
     if not name:
         raise RemoteError("no default remote: name one, or add one with `policypipe remote add`")
     if name not in config["remote"]:
         raise RemoteError(f"no remote named {name!r}; configured: {', '.join(config['remote']) or 'none'}")
     return name, dict(config["remote"][name])
+
+
+# Options that hold a credential, in any of DVC's remote types (dvc/config_schema.py). Not among
+# them: keyfile (a path to a key, not the key) and the ask_* switches (booleans).
+SECRET_OPTIONS = (
+    "password",
+    "passphrase",
+    "token",
+    "secret_access_key",
+    "session_token",
+    "sse_customer_key",
+    "account_key",
+    "sas_token",
+    "connection_string",
+    "client_secret",
+    "oss_key_secret",
+    "gdrive_client_secret",
+)
+MASK = "****"
+
+
+def _without_password(url: str, replacement: str | None) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user = userinfo.split(":", 1)[0]
+    return urlunsplit(
+        parts._replace(netloc=f"{user}{'' if replacement is None else ':' + replacement}@{host}")
+    )
+
+
+def mask_url(url: str) -> str:
+    """The URL as it may be shown: a password in it replaced by ****."""
+    return _without_password(url, MASK)
+
+
+def _level_remotes(repo: Path, level: str) -> dict[str, dict[str, Any]]:
+    """The remote sections of one config file ("repo": .dvc/config, "local": .dvc/config.local),
+    as written: not merged, not validated (a broken layout is what the caller looks for)."""
+    from dvc.config import Config
+
+    config = Config(dvc_dir=str(Path(repo).resolve() / ".dvc"), validate=False)
+    return config.load_one(level)["remote"]
+
+
+def _committed(repo: Path, key: str, value: str) -> bool:
+    """Whether a commit's .dvc/config ever had `key = value` (git's output searched here: the
+    secret is never passed in git's arguments, which other users can see in the process list)."""
+    done = subprocess.run(
+        ["git", "log", "--all", "-p", "--format=", "--", ".dvc/config"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    added = (line for line in done.stdout.splitlines() if line.startswith("+"))
+    return done.returncode == 0 and any(key in line and value in line for line in added)
+
+
+def _history_note(repo: Path, key: str, value: str, what: str) -> str:
+    if _committed(repo, key, value):
+        return (
+            f" It is in git's history already, and moving it does not take it out: change the {what} "
+            "itself too."
+        )
+    return " It is not committed yet: move it before the next commit."
+
+
+def _commands(*commands: str) -> str:
+    return ", then ".join(f"`{c}`" for c in commands)
+
+
+def config_problems(repo: Path) -> list[str]:
+    """What in the repository's DVC config puts a secret in git, or breaks comparisons with older
+    revisions; each message names the file, the remote and the option, and gives the commands that
+    fix it. No secret is in the messages."""
+    repo = Path(repo)
+    committed, local = _level_remotes(repo, "repo"), _level_remotes(repo, "local")
+    problems = []
+    for name, section in committed.items():
+        url = str(section.get("url", ""))
+        clean = _without_password(url, None)
+        # A secret moved to a local section without a URL would break every revision from before
+        # the remote was added (see the module's docstring): the URL goes there first.
+        to_local = [] if "url" in local.get(name, {}) else [f"dvc remote modify --local {name} url {clean}"]
+        password = urlsplit(url).password
+        if password is not None:
+            problems.append(
+                f"the URL of remote {name!r} in .dvc/config, which git tracks, holds a password "
+                f"({mask_url(url)}). Take it out and keep the password in .dvc/config.local, which git "
+                "ignores: "
+                + _commands(
+                    f"dvc remote modify {name} url {clean}",
+                    *to_local,
+                    f"dvc remote modify --local {name} password PASSWORD",
+                )
+                + (
+                    f"; or use a key instead: `policypipe remote add {name} {clean} --keyfile KEY`"
+                    if url.startswith("ssh://")
+                    else ""
+                )
+                + "."
+                + _history_note(repo, "url", url, "password")
+            )
+        for option in SECRET_OPTIONS:
+            if option not in section:
+                continue
+            ask = _ask_option(url, option)
+            problems.append(
+                f"remote {name!r} has its {option} ({MASK}) in .dvc/config, which git tracks. Move it to "
+                ".dvc/config.local, which git ignores: "
+                + _commands(
+                    *to_local,
+                    f"dvc remote modify --local {name} {option} {option.upper()}",
+                    f"dvc remote modify --unset {name} {option}",
+                )
+                + (
+                    f"; or have it asked for at each push: `dvc remote modify {name} {ask} true`"
+                    if ask
+                    else ""
+                )
+                + "."
+                + _history_note(repo, option, str(section[option]), option)
+            )
+    for name, section in local.items():
+        shared = committed.get(name, {}).get("url")
+        if "url" in section:
+            mine = str(section["url"])
+            if shared is not None and _without_password(mine, None) != _without_password(str(shared), None):
+                problems.append(
+                    f"remote {name!r} has the URL {mask_url(mine)} in .dvc/config.local, which overrides "
+                    f"{mask_url(str(shared))} in .dvc/config: DVC uses the local one. If the shared one is "
+                    f"right: `dvc remote modify --local {name} url {_without_password(str(shared), None)}`."
+                )
+            continue
+        options = ", ".join(sorted(section)) or "no option"
+        if shared is None:
+            problems.append(
+                f".dvc/config.local sets {options} for remote {name!r}, which has no URL in .dvc/config "
+                f"either, and DVC refuses the config: give it one (`dvc remote modify --local {name} url "
+                f"URL`) or remove it (`dvc remote remove --local {name}`)."
+            )
+        else:
+            problems.append(
+                f".dvc/config.local sets {options} for remote {name!r} but not its URL. DVC merges "
+                "config.local with each revision's .dvc/config, so every revision from before the remote "
+                "was added fails to load (`dvc metrics diff`, `dvc plots diff`, `dvc exp show`). Fix: "
+                f"`dvc remote modify --local {name} url {_without_password(str(shared), None)}`."
+            )
+    return problems
+
+
+def _ask_option(url: str, option: str) -> str | None:
+    """`ask_password`/`ask_passphrase` where the remote's type has it: asked for, never stored."""
+    from dvc.config_schema import REMOTE_SCHEMAS
+
+    ask = f"ask_{option}"
+    return ask if ask in REMOTE_SCHEMAS.get(urlsplit(url).scheme, {}) else None
 
 
 @dataclass(frozen=True)
