@@ -1,10 +1,13 @@
 """Reading the streams of a _vio.mcap: topic mapping from params, other pose schemas, camera topic
-candidates, and damaged files (bad messages, damaged chunks) that lose only what is damaged."""
+candidates, and damaged files (bad messages, damaged chunks, with or without a summary) that lose
+only what is damaged."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import struct
 from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
@@ -15,15 +18,19 @@ from foxglove_schemas_protobuf.CompressedImage_pb2 import CompressedImage
 from foxglove_schemas_protobuf.FrameTransform_pb2 import FrameTransform
 from foxglove_schemas_protobuf.PoseInFrame_pb2 import PoseInFrame
 from mcap.data_stream import ReadDataStream
+from mcap.opcode import Opcode
 from mcap.reader import NonSeekingReader, make_reader
-from mcap.records import Chunk, ChunkIndex, Message
+from mcap.records import Channel, Chunk, ChunkIndex, Message
 from mcap.stream_reader import breakup_chunk
 from mcap.writer import CompressionType, IndexType, Writer
 from mcap_protobuf.schema import build_file_descriptor_set
 
 from policypipe.config import ConfigError, from_mapping
+from policypipe.dataset.convert_config import ConvertConfig
+from policypipe.dataset.episode import build_episode
 from policypipe.recordings.messages import RecordingError, Topics
 from policypipe.recordings.streams import Streams, read_streams
+from policypipe.synthetic.export import SampleConfig, write_sample_export
 from policypipe.synthetic.motion import plan_motion
 from policypipe.synthetic.recording import StreamTiming, write_vio_mcap
 from tests.conftest import MCAP_SAMPLES
@@ -152,6 +159,7 @@ def write_items(
     compression: CompressionType = CompressionType.ZSTD,
     index_types: IndexType = IndexType.ALL,
     summary: bool = True,
+    **writer_options,
 ) -> Path:
     """The items in this order, with the mcap Writer: chunked, and (by default) a summary with
     chunk and message indexes, repeated channels and statistics, and chunk CRCs."""
@@ -165,6 +173,7 @@ def write_items(
             repeat_schemas=summary,
             use_statistics=summary,
             use_summary_offsets=summary,
+            **writer_options,
         )
         writer.start(profile="", library="policypipe-tests")
         channels: dict[str, int] = {}
@@ -350,24 +359,6 @@ def test_a_damaged_chunk_without_message_index_is_counted_from_the_statistics(
     assert "no message index" in streams.damage[0] and "from the summary statistics" in streams.damage[1]
 
 
-def test_without_a_summary_reading_still_stops_at_the_damage(items: list[Item], tmp_path: Path) -> None:
-    # A cut copy (no footer, no summary) whose middle chunk is damaged too: one pass, up to the damage.
-    path = write_items(tmp_path / "r_vio.mcap", items)
-    chunks = chunk_contents(path)
-    middle = len(chunks) // 2
-    flip_bytes(path, chunks[middle][0].chunk_start_offset + 3, 4)
-    path.write_bytes(path.read_bytes()[: chunks[-1][0].chunk_start_offset])
-    kept, _ = expected_without(chunks, set(range(middle, len(chunks))))
-
-    streams = read_streams(path, Topics())
-
-    assert streams.truncated is not None and streams.truncated.startswith(
-        f"reading stopped after {len(kept['camera'])} camera frames"
-    )
-    assert_kept(streams, kept)
-    assert streams.lost == {} and streams.damage == []
-
-
 def test_an_intact_file_reads_the_same_chunk_by_chunk_as_in_one_pass(
     items: list[Item], tmp_path: Path
 ) -> None:
@@ -490,6 +481,262 @@ def test_zero_length_camera_frames_are_kept_as_empty_frames(
     assert streams.camera_format == "jpeg" and streams.lost == {} and streams.truncated is None
 
 
+# ---------------------------------------------------------------- damaged files without a summary (issue 19)
+#
+# No chunk index to skip by: the reader walks the records by their framing (opcode, length).
+
+
+class FileChunk(NamedTuple):
+    offset: int
+    length: int  # of the whole record: opcode, length field, content
+
+
+def file_chunks(path: Path) -> list[tuple[FileChunk, list[tuple[str, bytes]]]]:
+    """Per chunk, in file order, found by walking the records as written: where it is and its
+    messages as (topic, data)."""
+    data = path.read_bytes()
+    pos, topics, out = 8, {}, []
+    while pos < len(data):
+        opcode, length = struct.unpack_from("<BQ", data, pos)
+        if opcode == Opcode.DATA_END:
+            break
+        if opcode == Opcode.CHUNK:
+            records = breakup_chunk(Chunk.read(ReadDataStream(io.BytesIO(data[pos + 9 : pos + 9 + length]))))
+            topics |= {r.id: r.topic for r in records if isinstance(r, Channel)}
+            messages = [(topics[r.channel_id], r.data) for r in records if isinstance(r, Message)]
+            out.append((FileChunk(pos, 9 + length), messages))
+        pos += 9 + length
+    return out
+
+
+def without_summary(path: Path) -> Path:
+    """Cuts a file's summary (and footer) off, where a crashed writer leaves the file: after the
+    last chunk and its message index records, before the DataEnd record."""
+    data = path.read_bytes()
+    footer_start = len(data) - 8 - (1 + 8 + 20)
+    summary_start = struct.unpack_from("<Q", data, footer_start + 9)[0]
+    data_end = summary_start - (1 + 8 + 4)
+    assert data[data_end] == Opcode.DATA_END
+    path.write_bytes(data[:data_end])
+    return path
+
+
+# Where to damage chunk 2 of a file: (what the damage line says, bytes to invert from its start).
+NO_SUMMARY_DAMAGE = {
+    # In the middle of the compressed records: zstd's own checks or the CRC find it.
+    "records": (("cannot decompress", "CRC mismatch"), lambda c: (c.offset + c.length // 2, 8)),
+    # The compressed stream's magic number (after the fields up to the compression name, the name
+    # and the records' length): it cannot decompress.
+    "compressed stream": (("cannot decompress",), lambda c: (c.offset + 9 + 32 + len("zstd") + 8, 4)),
+    # The CRC field itself (after opcode, length, start and end time, uncompressed size).
+    "crc field": (("CRC mismatch",), lambda c: (c.offset + 9 + 24, 4)),
+}
+
+
+@pytest.mark.parametrize("where", sorted(NO_SUMMARY_DAMAGE))
+def test_without_a_summary_a_damaged_chunk_is_skipped_and_every_chunk_after_it_is_kept(
+    items: list[Item], tmp_path: Path, caplog, where: str
+) -> None:
+    path = write_items(tmp_path / "r_vio.mcap", items, summary=False)
+    chunks = file_chunks(path)
+    assert len(chunks) >= 6
+    damaged = chunks[1][0]
+    says, at = NO_SUMMARY_DAMAGE[where]
+    flip_bytes(path, *at(damaged))
+    kept, _ = expected_without(chunks, {1})
+
+    with caplog.at_level(logging.WARNING, logger="policypipe.recordings.streams"):
+        streams = read_streams(path, Topics())
+
+    assert streams.truncated is None
+    assert_kept(streams, kept)
+    assert len(streams.camera_data) == len(kept["camera"])
+    # Without a message index its messages cannot be counted: the line says so, and where and
+    # when the chunk was.
+    assert streams.lost == {}
+    (line,) = streams.damage
+    assert line.startswith(f"chunk at byte {damaged.offset}: ") and any(s in line for s in says), line
+    assert f"bytes {damaged.offset} to {damaged.offset + damaged.length}, its header gives log times " in line
+    assert line.endswith(": lost messages not known (no message index follows it)")
+    assert any(line in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_without_a_summary_an_uncompressed_chunk_with_a_flipped_frame_byte_is_found_by_its_crc(
+    items: list[Item], tmp_path: Path
+) -> None:
+    # Uncompressed: the flipped bytes still parse as a frame, and only the CRC tells.
+    path = write_items(tmp_path / "r_vio.mcap", items, compression=CompressionType.NONE, summary=False)
+    chunks = file_chunks(path)
+    victim = next(data for topic, data in chunks[1][1] if topic == "/camera0/image")
+    flip_bytes(path, path.read_bytes().index(victim) + len(victim) // 2, 4)
+    kept, _ = expected_without(chunks, {1})
+
+    streams = read_streams(path, Topics())
+
+    assert streams.truncated is None
+    assert_kept(streams, kept)
+    assert len(streams.damage) == 1 and streams.damage[0].startswith(
+        f"chunk at byte {chunks[1][0].offset}: CRC mismatch"
+    )
+
+
+def test_without_a_summary_a_damaged_length_field_is_stepped_over_to_the_next_sound_chunk(
+    items: list[Item], tmp_path: Path
+) -> None:
+    path = write_items(tmp_path / "r_vio.mcap", items, summary=False)
+    chunks = file_chunks(path)
+    damaged, after = chunks[1][0], chunks[2][0]
+    flip_bytes(path, damaged.offset + 3, 4)  # the length now runs far past the end of the file
+    kept, _ = expected_without(chunks, {1})
+
+    streams = read_streams(path, Topics())
+
+    assert streams.truncated is None
+    assert_kept(streams, kept)
+    assert streams.lost == {}
+    (line,) = streams.damage
+    assert line.startswith(
+        f"bytes {damaged.offset} to {after.offset}: a chunk record: its length field says "
+    )
+    assert "its header gives log times" in line and "read on from the next chunk that checks out" in line
+
+
+def test_without_a_summary_a_length_that_lands_inside_the_file_is_found_out_by_the_fields(
+    items: list[Item], tmp_path: Path
+) -> None:
+    # The length is too short by one byte: it points inside the chunk's own records, which the
+    # chunk's fields (its records' length) do not fit.
+    path = write_items(tmp_path / "r_vio.mcap", items, summary=False)
+    chunks = file_chunks(path)
+    damaged = chunks[1][0]
+    with open(path, "r+b") as f:
+        f.seek(damaged.offset + 1)
+        f.write(struct.pack("<Q", damaged.length - 9 - 1))
+    kept, _ = expected_without(chunks, {1})
+
+    streams = read_streams(path, Topics())
+
+    assert streams.truncated is None
+    assert_kept(streams, kept)
+    (line,) = streams.damage
+    assert line.startswith(f"bytes {damaged.offset} to {chunks[2][0].offset}: a chunk record: its records (")
+
+
+def test_a_crashed_writer_s_file_counts_a_damaged_chunk_s_messages_from_its_message_index(
+    items: list[Item], tmp_path: Path
+) -> None:
+    # An indexing writer that crashed: message index records after every chunk, no summary.
+    path = without_summary(write_items(tmp_path / "r_vio.mcap", items))
+    chunks = file_chunks(path)
+    damaged = chunks[1][0]
+    flip_bytes(path, damaged.offset + damaged.length // 2)
+    kept, lost = expected_without(chunks, {1})
+
+    streams = read_streams(path, Topics())
+
+    assert_kept(streams, kept)
+    assert streams.lost == lost and set(lost) == {"camera", "pose", "width"}
+    (line,) = streams.damage
+    assert line.startswith(f"chunk at byte {damaged.offset}: ")
+    assert line.endswith(f"lost {lost['camera']} camera, {lost['pose']} pose, {lost['width']} width messages")
+    # No DataEnd record: the file was cut, after its last whole record.
+    assert streams.truncated == (
+        f"reading stopped after {len(kept['camera'])} camera frames: the file ends at byte "
+        f"{path.stat().st_size}, before its DataEnd record: it was cut"
+    )
+
+
+def test_a_cut_copy_with_a_damaged_length_reads_on_past_it_up_to_the_cut(
+    items: list[Item], tmp_path: Path
+) -> None:
+    # A cut copy (no footer, no summary) whose middle chunk's length is damaged too.
+    path = write_items(tmp_path / "r_vio.mcap", items)
+    chunks = chunk_contents(path)
+    middle = len(chunks) // 2
+    flip_bytes(path, chunks[middle][0].chunk_start_offset + 3, 4)
+    path.write_bytes(path.read_bytes()[: chunks[-1][0].chunk_start_offset + 100])  # mid-chunk
+    kept, _ = expected_without(chunks, {middle, len(chunks) - 1})
+
+    streams = read_streams(path, Topics())
+
+    assert streams.truncated is not None and streams.truncated.startswith(
+        f"reading stopped after {len(kept['camera'])} camera frames: a chunk record at byte "
+        f"{chunks[-1][0].chunk_start_offset}: its length field says"
+    )
+    assert streams.truncated.endswith(
+        "no readable chunk follows: the file was cut there (or all that follows is damaged)"
+    )
+    assert_kept(streams, kept)
+    assert [line.split(":")[0] for line in streams.damage] == [
+        f"bytes {chunks[middle][0].chunk_start_offset} to {chunks[middle + 1][0].chunk_start_offset}"
+    ]
+
+
+def test_without_a_summary_a_damaged_first_chunk_takes_the_channels_and_the_error_says_so(
+    items: list[Item], tmp_path: Path
+) -> None:
+    # The mcap Writer puts schema and channel records into the chunk of their first message.
+    path = write_items(tmp_path / "r_vio.mcap", items, summary=False)
+    chunks = file_chunks(path)
+    flip_bytes(path, chunks[0][0].offset + chunks[0][0].length // 2)
+    later = sum(len(messages) for _, messages in chunks[1:])
+
+    with pytest.raises(RecordingError) as info:
+        read_streams(path, Topics())
+
+    assert info.value.reason == "missing_topic"
+    message = str(info.value)
+    assert f"the file is damaged: chunk at byte {chunks[0][0].offset}: " in message
+    assert f"skipped {later} other messages whose channel or schema record is missing" in message
+
+
+def test_without_a_summary_a_data_section_crc_mismatch_is_reported(items: list[Item], tmp_path: Path) -> None:
+    # Messages outside chunks have no CRC of their own; the data section's CRC covers them.
+    path = write_items(
+        tmp_path / "r_vio.mcap", items, summary=False, use_chunking=False, enable_data_crcs=True
+    )
+    victim = next(it.data for it in items[len(items) // 2 :] if it.topic == "/camera0/image")
+    flip_bytes(path, path.read_bytes().index(victim) + len(victim) // 2, 4)
+
+    streams = read_streams(path, Topics())
+
+    assert streams.truncated is None and len(streams.camera_ns) == sum(
+        it.topic == "/camera0/image" for it in items
+    )
+    assert streams.damage == [
+        "data section: its CRC does not match, while every chunk's own check held: a record outside the "
+        "chunks is damaged: lost messages not known (records outside chunks carry no CRC of their own)"
+    ]
+
+
+def test_the_sample_export_recording_without_summary_keeps_seven_of_eight_chunks(tmp_path: Path) -> None:
+    # Issue 19: in the stock sample export, a recording written without summary, chunk 2 of 8
+    # damaged, was excluded as "too_short: 24 usable frames" with no word of the damage.
+    export = write_sample_export(tmp_path / "export", SampleConfig(recordings=6, defects=False), workers=1)
+    vios = sorted(export.root.rglob("*_vio.mcap"))
+    (path,) = [p for p in vios if not file_has_summary(p)]
+    # The export's recordings also hold /diagnostics messages, which a dataset does not read.
+    chunks = [(at, [m for m in messages if m[0] in STREAM_OF]) for at, messages in file_chunks(path)]
+    assert len(chunks) == 8
+    damaged = chunks[1][0]
+    flip_bytes(path, damaged.offset + damaged.length // 2)
+    kept, _ = expected_without(chunks, {1})
+
+    streams = read_streams(path, Topics())
+    episode = build_episode(streams, ConvertConfig())
+
+    assert_kept(streams, kept)
+    assert len(episode.capture_ns) > 0.8 * sum(t == "/camera0/image" for _, m in chunks for t, _ in m)
+    assert [w.split(":")[:2] for w in episode.warnings if w.startswith("damaged")] == [
+        ["damaged recording", f" chunk at byte {damaged.offset}"]
+    ]
+
+
+def file_has_summary(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return make_reader(f).get_summary() is not None
+
+
 # ---------------------------------------------------------------- camera topic candidates
 
 
@@ -583,19 +830,3 @@ def test_every_real_public_mcap_is_a_missing_topic(tmp_path: Path) -> None:
             read_streams(sample, Topics())
         assert info.value.reason == "missing_topic", sample.name
         assert "no messages on /camera0/image or /camera0/video" in str(info.value), sample.name
-
-
-def test_without_a_summary_a_chunk_with_a_bad_crc_stops_reading_and_says_so(
-    items: list[Item], tmp_path: Path
-) -> None:
-    # Uncompressed chunks: a flipped byte inside a frame still parses, and only the CRC tells.
-    path = write_items(tmp_path / "r_vio.mcap", items, compression=CompressionType.NONE, summary=False)
-    cameras = [it for it in items if it.topic == "/camera0/image"]
-    victim = cameras[len(cameras) // 2].data
-    data = path.read_bytes()
-    flip_bytes(path, data.index(victim) + len(victim) // 2, 4)
-
-    streams = read_streams(path, Topics())
-
-    assert streams.truncated is not None and "CRC" in streams.truncated
-    assert 0 < len(streams.camera_ns) < len(cameras)

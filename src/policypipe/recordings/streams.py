@@ -6,9 +6,12 @@ Messages are read in file order, one of two ways:
   chunk through the indexes. Each chunk's decompression and CRC are checked; a damaged chunk is
   skipped, its messages are counted as lost (`Streams.lost`, `Streams.damage`) and reading goes
   on with the next chunk.
-- Otherwise (a writer that crashed leaves no summary; a writer that never indexes): one pass
-  with `NonSeekingReader`, with or without chunks, any chunk compression. On a truncated or
-  damaged file it keeps what was readable before the damage (`Streams.truncated`).
+- Otherwise (a writer that crashed leaves no summary; a writer that never indexes): record by
+  record from the start, with or without chunks, any chunk compression. A damaged chunk is
+  skipped the same way; its messages are counted if message index records follow it, else its
+  damage line gives what is known (its bytes, the log times its header gives). A damaged record
+  length is stepped over to the next chunk that checks out. A cut file keeps what was readable
+  before the cut (`Streams.truncated`).
 
 One bad message (bytes that are not the protobuf or JSON they should be, a capture time beyond
 int64 nanoseconds) is skipped and counted as lost; it never stops reading. Capture times come
@@ -26,10 +29,15 @@ from pathlib import Path
 import numpy as np
 from foxglove_schemas_protobuf.CompressedImage_pb2 import CompressedImage
 from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
-from mcap.reader import NonSeekingReader
 from mcap.records import Channel, Message
 
-from policypipe.recordings.mcap_chunks import RECORD_SIZE_LIMIT, ChunkLosses, chunk_summary, indexed_messages
+from policypipe.recordings.mcap_chunks import (
+    ChunkLosses,
+    ReadingStopped,
+    chunk_summary,
+    indexed_messages,
+    sequential_messages,
+)
 from policypipe.recordings.messages import (
     IMAGE_SCHEMA,
     VIDEO_SCHEMA,
@@ -74,10 +82,7 @@ def read_streams(path: Path, topics: Topics) -> Streams:
         summary = chunk_summary(f, path)
         f.seek(0)
         if summary is None:
-            # CRCs checked: a flipped byte in a chunk stops reading there (and says so), rather
-            # than passing damaged frames on as sound.
-            reader = NonSeekingReader(f, record_size_limit=RECORD_SIZE_LIMIT, validate_crcs=True)
-            messages = reader.iter_messages(log_time_order=False)
+            messages = sequential_messages(f, reading.losses)
         else:
             messages = indexed_messages(f, summary, reading.losses)
         try:
@@ -85,6 +90,8 @@ def read_streams(path: Path, topics: Topics) -> Streams:
                 reading.add(schema.name if schema is not None else "", channel, message)
         except RecordingError:
             raise
+        except ReadingStopped as exc:
+            reading.stopped = str(exc)
         except Exception as exc:  # noqa: BLE001 - any failure to read records past this point is damage to the file
             reading.stopped = f"{type(exc).__name__}: {exc}"
     return reading.finish(path)
@@ -124,7 +131,7 @@ class _Reading:
         self.stopped: str | None = None  # why reading stopped early
         # Lost messages by topic (the camera topic is chosen at the end): skipped one by one...
         self.skipped: dict[tuple[str, str], _Skipped] = {}  # (topic, what was wrong) -> count, first example
-        # ... or with their chunk (an indexed file's damaged chunks).
+        # ... or with their chunk (damaged chunks), or with their channel's record.
         self.losses = ChunkLosses()
 
     def add(self, schema_name: str, channel: Channel, message: Message) -> None:
@@ -180,9 +187,10 @@ class _Reading:
         lost: Counter[str] = Counter()
         for (topic, _), skipped in self.skipped.items():
             lost[topic] += skipped.count
-        for _, _, chunk_lost in self.losses.chunks:
-            lost.update(chunk_lost or {})
+        for chunk in self.losses.chunks:
+            lost.update(chunk.lost or {})
         lost.update(self.losses.unindexed or {})
+        lost.update(self.losses.unattributed)
         return lost
 
     def finish(self, path: Path) -> Streams:
@@ -225,6 +233,8 @@ class _Reading:
                 detail = " before the file was cut" if truncated else ""
                 if lost.get(name):
                     detail += f" ({lost[name]} lost: {'; '.join(damage)})"
+                elif damage:  # the damage may have cost them, uncounted
+                    detail += f" (the file is damaged: {'; '.join(damage)})"
                 raise RecordingError(
                     "missing_topic", f"no messages on {topic}{detail}; topics present: {present}"
                 )
@@ -270,17 +280,20 @@ class _Reading:
             return ", ".join(parts) or "no"
 
         lines = []
-        for offset, why, lost in self.losses.chunks:
-            if lost is None:
-                lines.append(
-                    f"chunk at byte {offset}: {why}: lost messages not known (the chunk has no message index)"
-                )
+        for chunk in self.losses.chunks:
+            if chunk.lost is None:
+                lines.append(f"{chunk.where}: {chunk.why}: lost messages not known ({chunk.unknown})")
             else:
-                lines.append(f"chunk at byte {offset}: {why}: lost {counts(lost)} messages")
+                lines.append(f"{chunk.where}: {chunk.why}: lost {counts(chunk.lost)} messages")
         if self.losses.unindexed is not None:
             lines.append(
                 f"chunks without message index: lost {counts(self.losses.unindexed)} messages "
                 "(from the summary statistics)"
+            )
+        if self.losses.unattributed:
+            lines.append(
+                f"skipped {counts(self.losses.unattributed)} messages whose channel or schema record is "
+                "missing (in a damaged chunk, or never written)"
             )
         for (topic, kind), skipped in self.skipped.items():
             name = name_of.get(topic, topic)
