@@ -18,8 +18,9 @@ from scipy.spatial.transform import Rotation
 
 from policypipe.atomic import write_json_atomic
 from policypipe.dataset import layout
-from policypipe.dataset.convert import convert_dataset
+from policypipe.dataset.convert import ConversionResult, convert_dataset
 from policypipe.dataset.convert_config import ConvertConfig
+from policypipe.dataset.episode import DAMAGE_WARNING
 from policypipe.dataset.errors import DatasetError
 from policypipe.lineage.hashing import sha256_path
 from policypipe.recordings.messages import Topics
@@ -707,3 +708,31 @@ def test_the_cache_folder_keeps_what_the_converter_did_not_put_there(tmp_path: P
     (cache / "v1").mkdir()  # an older converter's entries: removed
     convert(export, tmp_path / "ds.zarr", cache=cache)
     assert (cache / "notes").is_dir() and not (cache / "v1").exists()
+
+
+def test_an_episode_with_a_chunk_lost_uncounted_is_from_a_damaged_file() -> None:
+    # Without a message index after a damaged chunk, its lost messages cannot be counted: the
+    # episode has a damage warning and no lost_messages, and still came from a damaged file.
+    def episode(warnings, lost=None):
+        return {
+            "dropped": {},
+            "camera_gaps": 0,
+            "lost_messages": lost or {},
+            "read_stopped": None,
+            "warnings": warnings,
+            "resample_offset_ms": None,
+        }
+
+    result = ConversionResult(
+        episodes=[
+            episode([DAMAGE_WARNING + "chunk at byte 900: CRC mismatch; lost messages not known"]),
+            episode([], lost={"camera": 3}),
+            episode(["2 camera timestamps not increasing in file order: sorted by capture time"]),
+        ],
+        excluded=[],
+        frequency_hz=30.0,
+        frames=0,
+        store_bytes=0,
+        store_files=0,
+    )
+    assert result.metrics()["episodes_from_damaged_files"] == 2

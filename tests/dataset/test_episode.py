@@ -436,3 +436,18 @@ def test_camera_on_another_clock_says_the_spans_do_not_overlap_and_by_how_much(o
     assert info.value.reason == "no_time_overlap"
     assert "no camera frame lies within the pose and width time span" in str(info.value)
     assert says in str(info.value), str(info.value)
+
+
+def test_an_exclusion_names_the_files_damage_which_may_be_why_too_little_is_left() -> None:
+    streams = make_streams(
+        seconds=0.1,
+        truncated="cut at byte 4096",
+        damage=["chunk at byte 900: CRC mismatch, lost 12 messages"],
+    )
+    with pytest.raises(RecordingError) as info:
+        build_episode(streams, ConvertConfig(image_size=(32, 24), min_frames=32))
+    assert info.value.reason == "too_short"
+    assert str(info.value).endswith(
+        "; the file is damaged: truncated: cut at byte 4096; "
+        "chunk at byte 900: CRC mismatch, lost 12 messages"
+    )

@@ -20,6 +20,7 @@ from typing import Any
 from policypipe.dataset.convert_cache import RecordingInput, current_cache
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.convert_workers import Runner, convert_all_or_disk_full, convert_recordings
+from policypipe.dataset.episode import DAMAGE_WARNING
 from policypipe.dataset.errors import DatasetError
 from policypipe.dataset.store_writer import assemble_store
 
@@ -70,7 +71,12 @@ class ConversionResult:
             # Messages in damaged chunks or unparseable, per stream: the file lost them, not convert.
             "messages_lost_by_stream": dict(sorted(lost.items())),
             "episodes_from_damaged_files": sum(
-                1 for ep in self.episodes if ep["lost_messages"] or ep["read_stopped"]
+                1
+                for ep in self.episodes
+                if ep["lost_messages"]
+                or ep["read_stopped"]
+                # A chunk lost without a message index after it: damage, but no count of messages.
+                or any(w.startswith(DAMAGE_WARNING) for w in ep["warnings"])
             ),
             "episodes_read_only_up_to_damage": sum(1 for ep in self.episodes if ep["read_stopped"]),
             "recordings_excluded": len(self.excluded),

@@ -322,13 +322,28 @@ def clean_pose_span(
     return best, problems, t, p, q
 
 
+# Each damaged chunk or span of the file, as a warning of its episode (and of nothing else).
+DAMAGE_WARNING = "damaged recording: "
+
+
 def build_episode(streams: Streams, config: ConvertConfig) -> Episode:
-    """The episode of one recording, or RecordingError saying why there is none."""
+    """The episode of one recording, or RecordingError saying why there is none; an exclusion
+    names the file's damage too, which may be why too little is left (a cut, a lost chunk)."""
+    try:
+        return _build_episode(streams, config)
+    except RecordingError as exc:
+        damage = ([f"truncated: {streams.truncated}"] if streams.truncated else []) + list(streams.damage)
+        if not damage:
+            raise
+        raise RecordingError(exc.reason, f"{exc}; the file is damaged: {'; '.join(damage)}") from None
+
+
+def _build_episode(streams: Streams, config: ConvertConfig) -> Episode:
     dropped: Counter[str] = Counter()
     warnings: list[str] = list(streams.warnings)
     if streams.truncated:
         warnings.append(f"truncated recording: {streams.truncated}")
-    warnings.extend(f"damaged recording: {line}" for line in streams.damage)
+    warnings.extend(DAMAGE_WARNING + line for line in streams.damage)
 
     decoded = decode_frames(streams, config.image_size)
     camera_ns, frames_in = decoded.capture_ns, len(decoded.dropped)
