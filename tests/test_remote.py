@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.sshd import CuttingProxy, LoopbackSshd, keygen
-from tests.workspace import env, run, run_failing
+from tests.workspace import NOTHING_TO_DO, env, run, run_failing
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,7 @@ def fresh_clone(repo: Path, dest: Path) -> Path:
 def assert_pulled_outputs_verify(clone: Path, original: Path) -> None:
     assert run(clone, "policypipe", "verify", "data/dataset.zarr").startswith("OK")
     assert run(clone, "policypipe", "verify", "data/policy").startswith("OK")
-    assert "up to date" in run(clone, "dvc", "status")
+    assert json.loads(run(clone, "dvc", "status", "--json")) == NOTHING_TO_DO
     for path in ("data/policy/model.safetensors", "data/manifest.json", "data/stats/stats.json"):
         assert (clone / path).read_bytes() == (original / path).read_bytes(), path
 

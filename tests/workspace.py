@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,16 @@ def run_failing(cwd: Path, *args: str, timeout_s: float = 600) -> subprocess.Com
         f"{' '.join(args)} succeeded but should have failed:\n{done.stdout}\n{done.stderr}"
     )
     return done
+
+
+def stages_run(output: str) -> list[str]:
+    """The stages a `dvc repro` ran, in order, from what it printed."""
+    return re.findall(r"Running stage '([^']+)'", output)
+
+
+# What `dvc status --json` says of a repository where nothing is to be done: the export's check
+# runs on every repro (dvc.yaml, `check_export`).
+NOTHING_TO_DO = {"check_export": ["always changed"]}
 
 
 def checkout_copy(dest: Path) -> Path:
