@@ -191,3 +191,22 @@ def test_an_untracked_dep_and_a_changed_stage_command_are_dirty_and_hashed(tmp_p
         "stages:\n  s:\n    cmd: python code.py --fast\n    deps: [code.py, helper.py]\n"
     )
     assert git_of_stage_s(root)["dirty_files"] == ["dvc.yaml [s]"]
+
+
+def test_an_upstream_stages_git_tracked_output_is_no_dirty_code(tmp_path: Path) -> None:
+    # check_export's record is git-tracked (cache: false) and rewritten on every repro; pair
+    # depends on it. It is the pipeline's product, not the stage's code.
+    root = tmp_path / "repo"
+    make_repo(root, "")
+    (root / "dvc.yaml").write_text(
+        "stages:\n  check:\n    cmd: python check.py\n    outs: [{checked.json: {cache: false}}]\n"
+        "  s:\n    cmd: python code.py\n    deps: [checked.json, code.py]\n"
+    )
+    (root / "code.py").write_text("print('v1')\n")
+    git(root, "add", ".")
+    git(root, "commit", "-q", "-m", "stages")
+    (root / "checked.json").write_text('{"files": 3}')  # written by the upstream stage
+    state = git_of_stage_s(root)
+    assert state["dirty"] is False and state["dirty_files"] == [] and "checked.json" in state["changed_files"]
+    (root / "code.py").write_text("print('v2')\n")
+    assert git_of_stage_s(root)["dirty_files"] == ["code.py"]

@@ -63,7 +63,9 @@ def command_output(args: list[str], cwd: Path) -> str | None:
 def stage_definition(root: Path, stage: str) -> tuple[list[str], list[str]] | None:
     """(the deps, the params sections) `dvc.yaml` declares for `stage`, or None if it declares none.
 
-    These are what decide the stage's output, so they are what "dirty" is about.
+    These are what decide the stage's output, so they are what "dirty" is about; an output of
+    another stage among them is the pipeline's product, not code (`check_export`'s record is
+    git-tracked and rewritten by every run), and is left out.
     """
     dvc_yaml = root / "dvc.yaml"
     if not dvc_yaml.is_file():
@@ -73,7 +75,14 @@ def stage_definition(root: Path, stage: str) -> tuple[list[str], list[str]] | No
     stages = (YAML(typ="safe", pure=True).load(dvc_yaml.read_text()) or {}).get("stages", {})
     if stage not in stages:
         return None
-    deps = [d if isinstance(d, str) else next(iter(d)) for d in stages[stage].get("deps", [])]
+
+    def paths(entries: list) -> list[str]:
+        return [e if isinstance(e, str) else next(iter(e)) for e in entries]
+
+    made = {
+        out for other in stages.values() for out in paths(other.get("outs", []) + other.get("metrics", []))
+    }
+    deps = [d for d in paths(stages[stage].get("deps", [])) if d not in made]
     sections: list[str] = []
     for entry in stages[stage].get("params", []):
         if isinstance(entry, str):
