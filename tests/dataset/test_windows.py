@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from scipy.spatial.transform import Rotation
 
 from policypipe.dataset import layout
 from policypipe.dataset.window_dataset import WindowDataset
-from policypipe.dataset.windows import EpisodeStreams, WindowConfig, rot6d
+from policypipe.dataset.windows import EpisodeStreams, WindowConfig, Windows, relative_poses, rot6d
 from policypipe.synthetic.recording import StreamTiming
 from policypipe.synthetic.render import read_timecode, timecode_value
 from tests.dataset.conftest import make_store
@@ -131,3 +132,38 @@ def test_a_dataset_of_the_previous_format_is_refused_saying_how_to_rebuild_it(tm
     root.attrs[layout.ATTRS_FORMAT] = 1  # frame-indexed windows, no recorded streams
     with pytest.raises(ValueError, match=r"old\.zarr has format version 1.*dvc repro convert"):
         EpisodeStreams.from_store(zarr.open_group(tmp_path / "old.zarr", mode="r"))
+
+
+def test_windows_are_the_same_bits_in_chunks_in_one_pass_and_anchor_by_anchor(tmp_path: Path) -> None:
+    """`windows` vectorises over chunks of anchors; no number of a window may depend on which
+    anchors share its chunk: the statistics, the training samples and eval group them differently."""
+    root = make_store(tmp_path / "ds.zarr", drop_fraction=0.25)
+    streams = EpisodeStreams.from_store(root)
+    anchors, _ = streams.anchors(list(range(root[layout.EPISODE_ENDS].shape[0])), WINDOW)
+    whole = streams.windows(anchors, WINDOW, chunk=len(anchors))
+    chunked = streams.windows(anchors, WINDOW, chunk=11)  # chunks that split episodes, a short last one
+    alone = [streams.windows(anchors[i : i + 1], WINDOW) for i in range(len(anchors))]
+    assert len(anchors) % 11 and whole.action.shape == (len(anchors), WINDOW.horizon, 10)
+    for field in fields(Windows):
+        np.testing.assert_array_equal(getattr(chunked, field.name), getattr(whole, field.name))
+        np.testing.assert_array_equal(
+            np.concatenate([getattr(w, field.name) for w in alone]), getattr(whole, field.name)
+        )
+
+
+def test_relative_rotations_are_the_per_sample_products_bit_for_bit() -> None:
+    """relative_poses multiplies each anchor's inverse rotation with its window's rotations side by
+    side, in one product: every entry must still be the number R_anchor^T R_k gives alone, so that
+    statistics computed before do not move in the last bit."""
+    rng = np.random.default_rng(0)
+    m, k = 40, 9
+    rot = Rotation.from_rotvec(rng.normal(0, 1.5, (m * k, 3))).as_matrix().reshape(m, k, 3, 3)
+    pos = rng.normal(0, 0.3, (m, k, 3))
+    got = relative_poses(pos[:, 4], rot[:, 4], pos, rot)
+    assert got.shape == (m, k, 9)
+    for i in range(m):
+        for j in range(k):
+            np.testing.assert_array_equal(got[i, j, 3:], rot6d(rot[i, 4].T @ rot[i, j]))
+            np.testing.assert_allclose(
+                got[i, j, :3], rot[i, 4].T @ (pos[i, j] - pos[i, 4]), rtol=0, atol=1e-15
+            )
