@@ -12,11 +12,11 @@ import av
 import cv2
 import numpy as np
 import pytest
-from scipy.spatial.transform import Rotation
+from scipy.spatial.transform import Rotation, Slerp
 
 from policypipe.dataset import episode
 from policypipe.dataset.convert_config import ConvertConfig
-from policypipe.dataset.episode import build_episode, clean_pose_span, measured_frequency
+from policypipe.dataset.episode import PoseInterpolator, build_episode, clean_pose_span, measured_frequency
 from policypipe.recordings.messages import RecordingError
 from policypipe.recordings.streams import Streams
 from policypipe.synthetic.recording import _H264Encoder
@@ -451,3 +451,17 @@ def test_an_exclusion_names_the_files_damage_which_may_be_why_too_little_is_left
         "; the file is damaged: truncated: cut at byte 4096; "
         "chunk at byte 900: CRC mismatch, lost 12 messages"
     )
+
+
+@pytest.mark.parametrize("scale", [3.0, 0.3, 1e-3, 1e-6])
+def test_pose_interpolator_orientations_are_scipy_slerp_bit_for_bit(scale: float) -> None:
+    """PoseInterpolator writes Slerp's quaternion product out in NumPy (scipy 1.17's is slow): the
+    orientations must stay the same bits, so convert's frames and the statistics do not move."""
+    rng = np.random.default_rng(0)
+    t = np.cumsum(rng.uniform(0.001, 0.02, 2000))
+    rotations = Rotation.from_rotvec(np.cumsum(rng.normal(0, scale, (2000, 3)), axis=0))
+    interpolator = PoseInterpolator(t, rng.normal(size=(2000, 3)), rotations)
+    x = np.concatenate([rng.uniform(t[0], t[-1], 50_000), t])  # between samples, and at each one
+    np.testing.assert_array_equal(interpolator(x)[1].as_quat(), Slerp(t, rotations)(x).as_quat())
+    with pytest.raises(ValueError, match="within"):
+        interpolator(np.array([t[-1] + 1e-6]))
