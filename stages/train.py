@@ -22,6 +22,7 @@ from policypipe.lineage.hashing import sha256_file, sha256_path
 from policypipe.lineage.provenance import StageRun
 from policypipe.live_metrics import TrainingLog
 from policypipe.policy.export import save_policy
+from policypipe.runtime.spec import spec_of_training
 from policypipe.training.checkpoint import CheckpointError
 from policypipe.training.config import train_config_from_params
 from policypipe.training.loop import train
@@ -109,7 +110,9 @@ def main() -> None:
             return  # rank 0 alone writes the outputs
         fingerprint = stats["dataset_fingerprint"]["sha256"]
         trained_with = {"dataset_fingerprint": fingerprint, "stats_sha256": stats_sha256}
-        save_policy(args.policy, result.policy, trained_with | {"steps": result.steps})
+        # What a robot-side runner needs besides the weights (policypipe.runtime).
+        spec = spec_of_training(dict(zarr.open_group(args.dataset, mode="r").attrs), stats, stats_sha256)
+        save_policy(args.policy, result.policy, trained_with | {"steps": result.steps}, spec.to_json())
         metrics = result.metrics(args.run_dir, wall_time_s=time.monotonic() - started)
         write_json_atomic(args.metrics, metrics)
     run.inputs[args.dataset.as_posix() + "#fingerprint"] = fingerprint

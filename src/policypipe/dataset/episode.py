@@ -166,7 +166,7 @@ def _decode_still_into(data: bytes, out: np.ndarray) -> str | None:
         return UNDECODABLE
     # Resize first, then swap channels: both work on each channel alone, so the bytes are the
     # same as swap-then-resize, and no second full-resolution buffer is made.
-    out[:] = cv2.cvtColor(_resize(bgr, (out.shape[1], out.shape[0])), cv2.COLOR_BGR2RGB)
+    out[:] = cv2.cvtColor(resize_frame(bgr, (out.shape[1], out.shape[0])), cv2.COLOR_BGR2RGB)
     return None
 
 
@@ -194,7 +194,7 @@ def _decode_h264(streams: Streams, out: np.ndarray) -> list[str | None]:
             index = -1 if frame.pts is None else int(frame.pts)
             if 0 <= index < count and not reference_lost[index]:
                 # rgb24 at full size, then the same resize as a still: one full-size frame alive.
-                out[index] = _resize(frame.to_ndarray(format="rgb24"), (out.shape[2], out.shape[1]))
+                out[index] = resize_frame(frame.to_ndarray(format="rgb24"), (out.shape[2], out.shape[1]))
                 dropped[index] = None
 
     # The decoder failed on a packet since the last IDR: what that cost its references does
@@ -224,7 +224,7 @@ def _decode_h264(streams: Streams, out: np.ndarray) -> list[str | None]:
     return [REFERENCE_LOST if lost else reason for lost, reason in zip(reference_lost, dropped)]
 
 
-def _resize(image: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
+def resize_frame(image: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
     """To (width, height): area averaging to shrink, bilinear to enlarge."""
     w, h = image_size
     if image.shape[1] == w and image.shape[0] == h:

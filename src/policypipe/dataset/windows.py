@@ -87,6 +87,15 @@ def rot6d(matrices: np.ndarray) -> np.ndarray:
     return np.concatenate([matrices[..., :, 0], matrices[..., :, 1]], axis=-1)
 
 
+def rot6d_to_matrix(r6: np.ndarray) -> np.ndarray:
+    """(..., 6) -> (..., 3, 3), the inverse of `rot6d` for any two columns: Gram-Schmidt on them."""
+    a, b = r6[..., :3], r6[..., 3:6]
+    c1 = a / np.linalg.norm(a, axis=-1, keepdims=True)
+    b = b - np.sum(c1 * b, axis=-1, keepdims=True) * c1
+    c2 = b / np.linalg.norm(b, axis=-1, keepdims=True)
+    return np.stack([c1, c2, np.cross(c1, c2)], axis=-1)
+
+
 def relative_poses(
     anchor_pos: np.ndarray, anchor_rot: np.ndarray, pos: np.ndarray, rot: np.ndarray
 ) -> np.ndarray:

@@ -12,16 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from policypipe.dataset.windows import rot6d
-
-
-def rot6d_to_matrix(r6: np.ndarray) -> np.ndarray:
-    """(..., 6) -> (..., 3, 3): Gram-Schmidt on the two stored columns."""
-    a, b = r6[..., :3], r6[..., 3:6]
-    c1 = a / np.linalg.norm(a, axis=-1, keepdims=True)
-    b = b - np.sum(c1 * b, axis=-1, keepdims=True) * c1
-    c2 = b / np.linalg.norm(b, axis=-1, keepdims=True)
-    return np.stack([c1, c2, np.cross(c1, c2)], axis=-1)
+from policypipe.dataset.windows import rot6d, rot6d_to_matrix
 
 
 def chunk_errors(predicted: np.ndarray, recorded: np.ndarray) -> dict[str, np.ndarray]:

@@ -20,14 +20,20 @@ from policypipe.policy.config import PolicyConfig
 from policypipe.policy.diffusion import DiffusionPolicy
 
 
-def save_policy(folder: Path, policy: DiffusionPolicy, lineage: dict[str, Any]) -> Path:
+def save_policy(
+    folder: Path, policy: DiffusionPolicy, lineage: dict[str, Any], runtime: dict[str, Any] | None = None
+) -> Path:
+    """The policy folder; `runtime` is what a runner needs besides the weights
+    (`runtime.spec.RuntimeSpec`, written as runtime.json by the train stage)."""
     state = {k: v.detach().contiguous().cpu() for k, v in policy.state_dict().items()}
     config = canonical_json({"policy": asdict(policy.config)})
-    return write_folder_atomic(
-        folder,
-        {"model.safetensors": lambda p: save_file(state, p), "config.json": lambda p: p.write_bytes(config)},
-        extra={"lineage": lineage},
-    )
+    files = {
+        "model.safetensors": lambda p: save_file(state, p),
+        "config.json": lambda p: p.write_bytes(config),
+    }
+    if runtime is not None:
+        files["runtime.json"] = lambda p: p.write_bytes(canonical_json(runtime))
+    return write_folder_atomic(folder, files, extra={"lineage": lineage})
 
 
 def load_policy(folder: Path) -> DiffusionPolicy:

@@ -1,0 +1,2 @@
+"""Running an exported policy: `PolicyRunner.load("data/policy").act(Observation.checked(...))`
+returns absolute, timed targets (docs/runtime.md)."""
