@@ -286,6 +286,9 @@ def _doctor(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from policypipe.serving.server import serve_policy
 
+    # Connections, refusals and error replies, for whoever watches the server's console.
+    logging.getLogger("policypipe.serving").setLevel(logging.INFO)
+
     def listening(host: str, port: int, metadata: dict) -> None:
         policy, runtime = metadata["policy"], metadata["runtime"]
         print(

@@ -38,8 +38,9 @@ def is_loopback(host: str) -> bool:
 
 
 def read_token(path: Path) -> str:
+    path = Path(path).expanduser()
     try:
-        token = Path(path).read_text().strip()
+        token = path.read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise AccessError(f"cannot read the token file {path}: {exc}") from None
     if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
@@ -47,7 +48,7 @@ def read_token(path: Path) -> str:
             f"the token in {path} has {len(token)} characters{' and spaces' if ' ' in token else ''}: "
             f"use one of at least {MIN_TOKEN_CHARS} without spaces, e.g. `{MAKE_TOKEN}`"
         )
-    if Path(path).stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+    if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         logger.warning("the token file %s is readable by other users: chmod 600 %s", path, path)
     return token
 

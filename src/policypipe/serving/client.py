@@ -57,7 +57,7 @@ class PolicyClient:
         timeout_s: float = 10.0,
     ) -> None:
         if token_file is not None:
-            token = Path(token_file).read_text().strip()
+            token = Path(token_file).expanduser().read_text().strip()
         self.url, self.timeout_s = url, timeout_s
         self._stack = ExitStack()  # websockets wants its connection used as a context manager
         try:
