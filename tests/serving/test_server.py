@@ -23,6 +23,7 @@ from policypipe.serving.client import PolicyClient, PolicyServerError, RemoteObs
 from policypipe.serving.protocol import CHUNK_FIELDS, act_message, pack
 from policypipe.serving.server import PolicyServer, ServerThread
 from tests.serving.conftest import MAX_REQUEST_BYTES, serving
+from tests.serving.test_protocol import openpi_packb
 
 TOKEN = "t0ken-of-at-least-16-characters"
 
@@ -83,6 +84,43 @@ def test_four_clients_of_fifty_requests_each_are_all_answered_as_in_process(
         with ThreadPoolExecutor(4) as pool:
             assert sum(pool.map(robot, range(4))) == 200
         assert running.server.counts == {"served": 200, "errors": 0, "pending": 0}
+
+
+def openpi_unpackb(data: bytes):
+    """A decoder written from openpi_client.msgpack_numpy's documented layout, not ours."""
+
+    def hook(obj):
+        if b"__ndarray__" in obj:
+            return np.ndarray(buffer=obj[b"data"], dtype=np.dtype(obj[b"dtype"]), shape=obj[b"shape"])
+        return obj
+
+    return msgpack.unpackb(data, object_hook=hook)
+
+
+def test_an_openpi_style_client_connects_acts_and_can_slice_the_chunk_step_by_step(
+    runner, observation, pipeline
+) -> None:
+    """What openpi's WebsocketClientPolicy does: connect (api_key in the header), read the
+    metadata the server sends first, send the observation map, read the reply map; and what its
+    ActionChunkBroker does with it: index every array by step."""
+    observation = small(observation)
+    expected = runner.act(Observation.checked(**observation), seed=4)
+    with serving(runner, pipeline.policy, token=TOKEN) as running:
+        headers = {"Authorization": f"Api-Key {TOKEN}"}
+        with connect(running.url, compression=None, max_size=None, additional_headers=headers) as ws:
+            assert openpi_unpackb(ws.recv())["policy"]["weights_sha256"]
+            ws.send(openpi_packb({**observation, "seed": np.int64(4)}))
+            reply = ws.recv()
+            assert not isinstance(reply, str)
+            action = openpi_unpackb(reply)
+            assert action["server_timing"]["infer_ms"] > 0
+            for name in CHUNK_FIELDS:
+                assert np.array_equal(action[name], getattr(expected, name)), name
+            horizon = runner.spec.horizon
+            arrays = [v for v in action.values() if isinstance(v, np.ndarray)]
+            assert len(arrays) == len(CHUNK_FIELDS) - 1 and all(len(a) == horizon for a in arrays)
+            ws.send("not msgpack")
+            assert "not_msgpack" in ws.recv()  # a text frame: openpi's client raises with it
 
 
 def hostile_messages(good: bytes) -> list[bytes | str]:
