@@ -61,6 +61,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.bench_convert
 	$(BIN)/python -m tests.benchmarks.bench_stats
 	$(BIN)/python -m tests.benchmarks.bench_train
+	$(BIN)/python -m tests.benchmarks.bench_serve
 
 # Before committing GPUs: the machine checked (policypipe doctor), then a few real steps,
 # interrupted and resumed in a fresh process.

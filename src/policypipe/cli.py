@@ -283,6 +283,35 @@ def _doctor(args: argparse.Namespace) -> int:
     return 1 if any(r.status == "fail" for r in results) else 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from policypipe.serving.server import serve_policy
+
+    # Connections, refusals and error replies, for whoever watches the server's console.
+    logging.getLogger("policypipe.serving").setLevel(logging.INFO)
+
+    def listening(host: str, port: int, metadata: dict) -> None:
+        policy, runtime = metadata["policy"], metadata["runtime"]
+        print(
+            f"serving {args.policy} (weights sha256 {policy['weights_sha256'][:12]}..., "
+            f"{runtime['frequency_hz']:.1f} Hz, chunks of {runtime['horizon']}) on ws://{host}:{port}, "
+            + ("clients need the token" if args.token_file else "no token: this machine only")
+            + "; stop with Ctrl-C or SIGTERM",
+            flush=True,
+        )
+
+    received = serve_policy(
+        args.policy,
+        host=args.host,
+        port=args.port,
+        token_file=args.token_file,
+        max_request_bytes=round(args.max_request_mb * 2**20),
+        threads=args.threads,
+        on_listening=listening,
+    )
+    print(f"{received}: connections closed, server stopped", flush=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="policypipe",
@@ -423,6 +452,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the chain as JSON")
     p.set_defaults(func=_lineage)
+
+    p = sub.add_parser(
+        "serve",
+        help="serve a policy to a robot over a websocket (msgpack; docs/serving.md)",
+        description="Load an exported policy and answer its clients' observations with action chunks "
+        "(policypipe.serving.client.PolicyClient, or an openpi websocket client). Binds 127.0.0.1 "
+        "unless told otherwise; any other address needs --token-file. Stops on SIGTERM or Ctrl-C, "
+        "closing every connection cleanly.",
+    )
+    p.add_argument("policy", type=Path, metavar="POLICY", help="an exported policy folder (data/policy)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default: 127.0.0.1, this machine only; 0.0.0.0: every interface, "
+        "needs --token-file)",
+    )
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000; 0: any free one)")
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a file holding the token clients must send (Authorization: Bearer TOKEN)",
+    )
+    p.add_argument(
+        "--max-request-mb",
+        type=float,
+        default=64.0,
+        help="larger requests get an error reply (default: 64; camera frames are most of a request)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch threads for inference (default: one per core)"
+    )
+    p.set_defaults(func=_serve)
 
     remote = sub.add_parser(
         "remote",

@@ -1,0 +1,70 @@
+"""`policypipe serve`: what it refuses before binding, and a real server process stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from policypipe.cli import main
+from policypipe.serving.client import PolicyClient, PolicyServerError
+from tests.serving.test_server import TOKEN, small
+
+
+def test_no_token_on_a_non_loopback_bind_is_refused_at_start_up(pipeline, tmp_path, capsys) -> None:
+    assert main(["serve", str(pipeline.policy), "--host", "0.0.0.0", "--port", "0"]) == 2
+    assert "needs a token: pass --token-file" in capsys.readouterr().err
+    (tmp_path / "weak").write_text("secret\n")
+    assert main(["serve", str(pipeline.policy), "--token-file", str(tmp_path / "weak")]) == 2
+    assert "at least 16" in capsys.readouterr().err
+
+
+def test_a_policy_without_its_runtime_spec_is_refused_with_what_to_do(tmp_path, capsys) -> None:
+    (tmp_path / "policy").mkdir()
+    assert main(["serve", str(tmp_path / "policy"), "--port", "0"]) == 2
+    assert "train it again" in capsys.readouterr().err
+
+
+def first_line(process: subprocess.Popen, timeout_s: float) -> str:
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout_s):
+            raise AssertionError(f"the server printed nothing within {timeout_s} s")
+    return process.stdout.readline()
+
+
+@pytest.mark.slow
+def test_a_server_process_answers_then_sigterm_closes_its_connections_going_away(
+    pipeline, observation, tmp_path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "policypipe.cli", "serve", str(pipeline.policy), "--port", "0",
+         "--token-file", str(token_file), "--threads", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
+    )  # fmt: skip
+    try:
+        line = first_line(process, 60)
+        port = int(re.search(r"on ws://127\.0\.0\.1:(\d+),", line).group(1))
+        assert "clients need the token" in line
+        with PolicyClient(f"ws://127.0.0.1:{port}", token_file=token_file) as robot:
+            assert robot.act(small(observation), seed=0).execute.any()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=20) == 0
+            with pytest.raises(PolicyServerError, match="1001 server shutting down"):
+                robot.health()
+        assert "SIGTERM: connections closed, server stopped" in process.stdout.read()
+        assert "Traceback" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        process.stdout.close()
+        process.stderr.close()
