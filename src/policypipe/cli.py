@@ -309,6 +309,42 @@ def _serve(args: argparse.Namespace) -> int:
         on_listening=listening,
     )
     print(f"{received}: connections closed, server stopped", flush=True)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from policypipe.config import from_mapping, read_section
+    from policypipe.progress import Progress
+    from policypipe.recordings.messages import Topics
+    from policypipe.runtime.predictions import PredictConfig, predict_recording
+
+    # The recording's topics as convert reads them: params.yaml's convert.topics where there is one.
+    topics = (
+        from_mapping(Topics, read_section(args.params, "convert").get("topics"), "convert.topics")
+        if args.params.is_file()
+        else Topics()
+    )
+    config = PredictConfig(
+        seed=args.seed, every=args.every, max_chunks=args.max_chunks, topics=topics, threads=args.threads
+    )
+    bar: Progress | None = None
+
+    def on_frame(done: int, total: int, chunks: int) -> None:
+        nonlocal bar
+        bar = bar or Progress(total, desc="predict", unit="frame")
+        bar.update(1, chunks=str(chunks))
+
+    t0 = time.monotonic()
+    try:
+        summary = predict_recording(args.policy, args.recording, args.output, config, on_frame)
+    finally:
+        if bar is not None:
+            bar.close()
+    seconds = time.monotonic() - t0
+    print("\n".join(summary.lines()))
+    print(
+        f"{seconds:.1f} s, {summary.chunks / seconds:.1f} chunks/s; open {args.output} together with "
+        f"{args.recording} in Foxglove (docs/runtime.md, 'Watching what the policy would do')"
+    )
     return 0
 
 
@@ -486,6 +522,41 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=int, default=None, help="torch threads for inference (default: one per core)"
     )
     p.set_defaults(func=_serve)
+
+    p = sub.add_parser(
+        "predict",
+        help="what a policy would do along a recording, as an MCAP to open beside it in Foxglove",
+        description="Stream a recording's observations through the policy's runtime in capture-time order, "
+        "as a robot would feed them, and write each predicted chunk as Foxglove messages on the "
+        "recording's clock: /policy/predicted (all horizon targets), /policy/executed (the steps a robot "
+        "runs), /policy/width. The same seed gives the same bytes.",
+    )
+    p.add_argument("policy", type=Path, metavar="POLICY", help="an exported policy folder (data/policy)")
+    p.add_argument("recording", type=Path, metavar="RECORDING", help="a recording's _vio.mcap")
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="OUT", help="the MCAP to write")
+    p.add_argument(
+        "--every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="frames between two chunks (default: the policy's n_action_steps, as a robot executing each "
+        "chunk asks for the next)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="chunk i is sampled with seed + i (default: 0)")
+    p.add_argument("--max-chunks", type=int, default=None, metavar="N", help="stop after N chunks")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default: 1; the bytes are the same for the same count)",
+    )
+    p.add_argument(
+        "--params",
+        type=Path,
+        default=Path("params.yaml"),
+        help="read convert.topics from here, where it exists (default: params.yaml)",
+    )
+    p.set_defaults(func=_predict)
 
     remote = sub.add_parser(
         "remote",

@@ -1,0 +1,474 @@
+"""What the policy would have done along a recording, as an MCAP for Foxglove (`policypipe predict`).
+
+The recording's streams are fed to the runner in capture-time order, as a robot would have them:
+camera frames decoded one at a time as a camera driver hands them over (JPEG/PNG at the camera's
+own resolution), and at each chunk the last few frames, with the pose and width samples up to the
+first one at or after the latest frame (the runner interpolates there, never extrapolates; a robot
+waits for that sample, so a frame whose sample never arrives is skipped, and counted). A robot
+executing each chunk asks for the next one `n_action_steps` frames later: that is the default
+schedule. The episode starts at the first frame with a pose and a width sample at or before it
+(where `convert` starts it, on a clean recording), and every chunk passes that time as
+`episode_start_ns`, as training pads the start of an episode.
+
+Memory holds the few frames the next chunk can use, never the recording's. H.264 recordings are
+the exception: they are decoded by `dataset.episode.decode_frames` (the reference-loss checks
+`convert` makes) at the policy's image size, which the runner then leaves as it is: the same
+frames bit for bit, one small frame per message held.
+
+Each chunk is written three times, logged at its observation's capture time t so that Foxglove's
+timeline puts it beside the frame it was computed from:
+
+  /policy/predicted  foxglove.PosesInFrame  all horizon targets, frame "world", timestamp t
+  /policy/executed   foxglove.PosesInFrame  the first n_action_steps of them, the ones a robot runs
+  /policy/width      JSON PredictedWidth    the chunk's times, widths, executed flags and seed
+
+Chunk i is sampled with seed `seed + i`. The bytes are a function of the recording, the policy,
+the seed and the schedule: no wall-clock time, no path, fixed writer options (the same machine and
+torch threads give the same floats; another CPU may differ in the last bits).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+from foxglove_schemas_protobuf.PosesInFrame_pb2 import PosesInFrame
+from mcap.writer import CompressionType, IndexType, Writer
+from mcap_protobuf.schema import build_file_descriptor_set
+
+from policypipe.atomic import write_bytes_atomic
+from policypipe.dataset.episode import covering, decode_frames, measured_frequency
+from policypipe.lineage.hashing import sha256_file
+from policypipe.recordings.layout import McapState, mcap_state
+from policypipe.recordings.messages import RecordingError, Topics
+from policypipe.recordings.streams import Streams, read_streams
+from policypipe.runtime.observation import Observation, ObservationError
+from policypipe.runtime.runner import ActionChunk, PolicyRunner
+
+log = logging.getLogger(__name__)
+
+PREDICTED_TOPIC = "/policy/predicted"
+EXECUTED_TOPIC = "/policy/executed"
+WIDTH_TOPIC = "/policy/width"
+FRAME_ID = "world"  # the recording's pose frame (recording-format.md)
+WIDTH_SCHEMA = "policypipe.PredictedWidth"
+METADATA_NAME = "policypipe.predict"
+# Fixed: the mcap package's version must not leak into the bytes.
+LIBRARY = "policypipe-predict/1"
+CHUNK_SIZE = 1024 * 1024
+# A measured camera rate further than this from the policy's step rate is reported: the runner
+# still picks the frames nearest each step, but the default schedule counts frames.
+FREQUENCY_TOLERANCE = 0.05
+
+FED = "fed"  # a frame that gives an observation
+# Why a frame that was due for a chunk gave none (keys of PredictionSummary.skipped).
+NOT_ARRIVED = "pose_or_width_not_arrived"  # no sample at or after the frame: the stream ended first
+REFUSED = "observation_refused"  # the runner's ObservationError (its message in `first_refusal`)
+UNDECODABLE = "undecodable_frame"  # counted for any frame, due or not: a robot never gets it
+
+
+class PredictionError(ValueError):
+    """Inputs predict cannot work with; the message names the file and what to do."""
+
+
+@dataclass(frozen=True)
+class PredictConfig:
+    seed: int = 0
+    every: int | None = None  # frames between two chunks; None: the policy's n_action_steps
+    max_chunks: int | None = None  # stop after this many chunks
+    topics: Topics = Topics()  # `convert.topics`: where the streams are
+    # Intra-op threads of the policy's CPU work, pinned as train.cpu_threads is: a reduction split
+    # over more threads adds in another order (params.yaml's policy: positions up to 1.2e-7 m apart
+    # between 1 and 2 threads), and the bytes must not depend on the core count. A batch of one gains
+    # little from more: 108 ms a chunk on 1 thread, 680 ms on 2 of a busy 2-core machine.
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.seed < 2**63:
+            raise PredictionError(f"seed must be in [0, 2**63), got {self.seed}")
+        if self.every is not None and self.every < 1:
+            raise PredictionError(f"every must be at least 1 frame, got {self.every}")
+        if self.max_chunks is not None and self.max_chunks < 1:
+            raise PredictionError(f"max_chunks must be at least 1, got {self.max_chunks}")
+        if self.threads < 1:
+            raise PredictionError(f"threads must be at least 1, got {self.threads}")
+
+
+@dataclass
+class PredictionSummary:
+    recording: Path
+    output: Path
+    frames: int  # camera frames in the recording
+    before_start: int  # frames captured before the episode could start (no pose or width yet)
+    every: int
+    chunks: int = 0
+    observation_ns: list[int] = field(default_factory=list)  # t of each chunk written, in order
+    skipped: Counter[str] = field(default_factory=Counter)
+    first_refusal: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        span = (self.observation_ns[-1] - self.observation_ns[0]) / 1e9 if self.chunks else 0.0
+        lines = [
+            f"{self.chunks} chunks, one every {self.every} frames, over {span:.1f} s of "
+            f"{self.recording.name} ({self.frames} camera frames) -> {self.output}"
+        ]
+        if self.before_start:
+            lines.append(f"{_frames(self.before_start)} before the first pose and width samples: not fed")
+        for reason, count in sorted(self.skipped.items()):
+            what = {
+                NOT_ARRIVED: "due, but no pose or width sample at or after them ever arrived (end of "
+                "recording): skipped",
+                REFUSED: f"refused by the runner (first: {self.first_refusal})",
+                UNDECODABLE: "undecodable: never fed, as a camera driver drops them",
+            }[reason]
+            lines.append(f"{_frames(count)} {what}")
+        lines.extend(f"warning: {w}" for w in self.warnings)
+        return lines
+
+
+def _frames(count: int) -> str:
+    return f"{count} frame" + "s" * (count != 1)
+
+
+def predict_recording(
+    policy_folder: Path,
+    recording: Path,
+    output: Path,
+    config: PredictConfig = PredictConfig(),
+    on_frame: Callable[[int, int, int], None] | None = None,
+) -> PredictionSummary:
+    """Streams `recording` (a `_vio.mcap`) through the policy in `policy_folder` and writes the
+    predicted chunks to `output` (an MCAP, written to a temporary name and renamed).
+    `on_frame(frames_done, frames_total, chunks)` is called after each camera frame. The policy
+    runs on `config.threads` threads; the caller's setting is restored on return."""
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        return _predict(Path(policy_folder), Path(recording), Path(output), config, on_frame)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _predict(
+    policy_folder: Path,
+    recording: Path,
+    output: Path,
+    config: PredictConfig,
+    on_frame: Callable[[int, int, int], None] | None,
+) -> PredictionSummary:
+    if output.resolve() == recording.resolve():
+        raise PredictionError(f"the output {output} is the recording itself: write the predictions elsewhere")
+    runner = _load_runner(policy_folder)
+    streams = _read_recording(recording, config.topics)
+    spec = runner.spec
+    every = config.every or spec.n_action_steps
+
+    feed = RobotFeed(streams, runner, recording)
+    summary = PredictionSummary(recording, output, len(feed.order), feed.start, every)
+    summary.warnings.extend(feed.warnings)
+
+    buffer = io.BytesIO()
+    out = PredictionWriter(buffer)
+    out.metadata(
+        {
+            "recording": recording.name,
+            "recording_sha256": sha256_file(recording),
+            "camera_topic": streams.camera_topic,
+            "policy_manifest_sha256": sha256_file(policy_folder / "manifest.json"),
+            "dataset_fingerprint": spec.dataset_fingerprint,
+            "stats_sha256": spec.stats_sha256,
+            "seed": str(config.seed),
+            "seeds": "chunk i is sampled with seed + i",
+            "every_frames": str(every),
+            "max_chunks": str(config.max_chunks),
+            "torch_threads": str(config.threads),
+            "frequency_hz": repr(spec.frequency_hz),
+            "n_action_steps": str(spec.n_action_steps),
+            "horizon": str(spec.horizon),
+        }
+    )
+    since_chunk = None  # frames fed after the last chunk's frame; None: no chunk yet
+    for done, (t, state, observation) in enumerate(feed.frames(), start=1):
+        if state == UNDECODABLE:
+            summary.skipped[UNDECODABLE] += 1
+        else:
+            since_chunk = None if since_chunk is None else since_chunk + 1
+            # Due: the episode's first frame, and `every` frames after the last chunk's; a due frame
+            # that gives no chunk leaves the next frame due, as a robot would ask again.
+            if (since_chunk is None or since_chunk >= every) and _chunk(
+                feed, runner, t, state, observation, config, out, summary
+            ):
+                since_chunk = 0
+        if on_frame is not None:
+            on_frame(done, len(feed.order) - feed.start, summary.chunks)
+        if config.max_chunks is not None and summary.chunks >= config.max_chunks:
+            break
+    if not summary.chunks:
+        raise PredictionError(
+            f"no chunk could be computed from {recording}: " + "; ".join(summary.lines()[1:] or ["no frames"])
+        )
+    out.finish()
+    write_bytes_atomic(output, buffer.getvalue())
+    return summary
+
+
+def _chunk(
+    feed: RobotFeed,
+    runner: PolicyRunner,
+    t: int,
+    state: str,
+    observation: Callable[[], Observation] | None,
+    config: PredictConfig,
+    out: PredictionWriter,
+    summary: PredictionSummary,
+) -> bool:
+    """The chunk at the frame captured at t, written; False (and counted) when there is none."""
+    if state == NOT_ARRIVED:
+        summary.skipped[NOT_ARRIVED] += 1
+        return False
+    seed = config.seed + summary.chunks
+    try:
+        chunk = runner.act(observation(), seed=seed, episode_start_ns=feed.start_ns)
+    except ObservationError as exc:
+        summary.skipped[REFUSED] += 1
+        summary.first_refusal = summary.first_refusal or f"frame at {t} ns: {exc}"
+        return False
+    out.chunk(chunk, seed)
+    summary.chunks += 1
+    summary.observation_ns.append(t)
+    return True
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def _load_runner(folder: Path) -> PolicyRunner:
+    if not folder.is_dir():
+        raise PredictionError(
+            f"policy folder {folder} not found: pass an exported policy (data/policy: `dvc repro train` "
+            "or `dvc pull data/policy`)"
+        )
+    return PolicyRunner.load(folder)  # a folder without runtime.json: its ValueError says what to do
+
+
+def _read_recording(path: Path, topics: Topics) -> Streams:
+    if not path.is_file():
+        raise PredictionError(f"recording {path} not found: pass a recording's _vio.mcap")
+    state, detail = mcap_state(path)
+    if state is McapState.NOT_MCAP:
+        raise PredictionError(f"{path} is {detail}: pass a recording's _vio.mcap")
+    try:
+        streams = read_streams(path, topics)
+    except RecordingError as exc:
+        raise RecordingError(exc.reason, f"{path}: {exc}") from None
+    if state is McapState.TRUNCATED:
+        log.warning("%s: %s; predicting on what is readable", path.name, detail)
+    return streams
+
+
+class RobotFeed:
+    """A recording's streams as a robot has them, frame by frame in capture-time order."""
+
+    def __init__(self, streams: Streams, runner: PolicyRunner, path: Path) -> None:
+        self.streams = streams
+        self.path = path
+        self.runner = runner
+        self.warnings = [*([streams.truncated] if streams.truncated else []), *streams.damage]
+        self.warnings.extend(streams.warnings)
+        # Capture-time order; a repeated capture time is one frame (the first in the file), as
+        # convert keeps it: a camera driver never delivers two frames of one instant.
+        order = np.argsort(streams.camera_ns, kind="stable")
+        keep = np.concatenate([[True], np.diff(streams.camera_ns[order]) > 0])
+        self.order = order[keep]
+        self.camera_ns = streams.camera_ns[self.order]
+        self.pose_ns, self.position, self.quaternion = _sorted(
+            streams.pose_ns, streams.position, streams.quaternion
+        )
+        self.width_ns, self.width = _sorted(streams.width_ns, streams.width)
+        first = max(self.pose_ns[0], self.width_ns[0])
+        self.start = int(np.searchsorted(self.camera_ns, first))  # the episode's first frame
+        if self.start == len(self.camera_ns):
+            raise PredictionError(
+                f"{path}: every camera frame comes before the first pose and width samples "
+                f"(frames end {(first - self.camera_ns[-1]) / 1e9:.3f} s before them): nothing to predict on"
+            )
+        self.start_ns = int(self.camera_ns[self.start])
+        spec = runner.spec
+        if streams.camera_topic not in spec.camera_topics:
+            self.warnings.append(
+                f"the policy was trained on frames of {', '.join(spec.camera_topics)}; "
+                f"this recording's are on {streams.camera_topic}"
+            )
+        if len(self.camera_ns) >= 2:
+            hz = measured_frequency(self.camera_ns)
+            if abs(hz / spec.frequency_hz - 1) > FREQUENCY_TOLERANCE:
+                self.warnings.append(
+                    f"the camera runs at {hz:.1f} Hz, the policy's steps at {spec.frequency_hz:.1f} Hz: "
+                    "the default schedule (n_action_steps frames) is not n_action_steps steps here"
+                )
+
+    def frames(self) -> Iterator[tuple[int, str, Callable[[], Observation] | None]]:
+        """(t, state, observation) for each frame from the episode's start: UNDECODABLE for a
+        frame the robot never gets, NOT_ARRIVED for one whose pose or width sample at or after it
+        never arrives, else FED with a function that builds the Observation (built only for the
+        frames that are due)."""
+        video = None
+        if self.streams.camera_format == "h264":
+            # Decoded whole, at the policy's size (module docstring): the runner's resize of a
+            # frame already at that size is the identity, so the frames are the ones it would make.
+            video = decode_frames(self.streams, self.runner.spec.image_size)
+        history: deque[tuple[int, np.ndarray]] = deque()
+        oldest_offset = int(self.runner.observation_offsets_ns[0])
+        for t, index in zip(self.camera_ns[self.start :], self.order[self.start :]):
+            t = int(t)
+            if video is not None:
+                rgb = video.rgb[index] if video.dropped[index] is None else None
+            else:
+                rgb = decode_still(self.streams.camera_data[index])
+            if rgb is None:
+                yield t, UNDECODABLE, None
+                continue
+            history.append((t, rgb))
+            # Observation step 0 is wanted at max(t - offset, start); later chunks want later
+            # times, so a frame older than the last one at or before that time is never needed.
+            oldest = max(t - oldest_offset, self.start_ns)
+            while len(history) >= 2 and history[1][0] <= oldest:
+                history.popleft()
+            if self.pose_ns[-1] < t or self.width_ns[-1] < t:
+                yield t, NOT_ARRIVED, None
+                continue
+            yield t, FED, self._observer(tuple(history), oldest, t)
+
+    def _observer(self, history: tuple, oldest: int, t: int) -> Callable[[], Observation]:
+        def observation() -> Observation:
+            pose, width = covering(self.pose_ns, oldest, t), covering(self.width_ns, oldest, t)
+            return Observation.checked(
+                np.array([ns for ns, _ in history], dtype=np.int64),
+                np.stack([rgb for _, rgb in history]),
+                self.pose_ns[pose],
+                self.position[pose],
+                self.quaternion[pose],
+                self.width_ns[width],
+                self.width[width],
+            )
+
+        return observation
+
+
+def decode_still(data: bytes) -> np.ndarray | None:
+    """A JPEG/PNG frame as a camera driver hands it over: RGB at the camera's resolution, or None."""
+    if not data:  # cv2.imdecode asserts on an empty buffer
+        return None
+    try:
+        bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error:
+        return None
+    return None if bgr is None else cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def _sorted(times: np.ndarray, *values: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Samples in time order, a repeated time kept once (the first in the file): a robot's
+    stream arrives in order; the file may hold a few messages swapped."""
+    order = np.argsort(times, kind="stable")
+    keep = np.concatenate([[True], np.diff(times[order]) > 0])
+    return tuple(v[order[keep]] for v in (times, *values))
+
+
+# ---------------------------------------------------------------- output
+
+
+def _json_schema() -> bytes:
+    schema = {
+        "title": WIDTH_SCHEMA,
+        "description": "One predicted chunk's gripper openings: step k is the target at time_ns[k]",
+        "type": "object",
+        "properties": {
+            "timestamp_ns": {"type": "integer", "description": "t, the observation's capture time"},
+            "seed": {"type": "integer", "description": "the chunk's sampling seed"},
+            "time_ns": {"type": "array", "items": {"type": "integer"}},
+            "width_m": {"type": "array", "items": {"type": "number"}},
+            "executed": {"type": "array", "items": {"type": "boolean"}},
+        },
+        "required": ["timestamp_ns", "seed", "time_ns", "width_m", "executed"],
+    }
+    return json.dumps(schema, separators=(",", ":"), sort_keys=True).encode()
+
+
+class PredictionWriter:
+    """The predictions MCAP: fixed writer options and registration order, so fixed bytes."""
+
+    def __init__(self, stream: io.BytesIO) -> None:
+        self.writer = Writer(
+            stream,
+            chunk_size=CHUNK_SIZE,
+            compression=CompressionType.ZSTD,
+            index_types=IndexType.ALL,
+            repeat_channels=True,
+            repeat_schemas=True,
+            use_statistics=True,
+            use_summary_offsets=True,
+        )
+        self.writer.start(profile="", library=LIBRARY)
+        poses = self.writer.register_schema(
+            PosesInFrame.DESCRIPTOR.full_name,
+            "protobuf",
+            build_file_descriptor_set(PosesInFrame).SerializeToString(deterministic=True),
+        )
+        width = self.writer.register_schema(WIDTH_SCHEMA, "jsonschema", _json_schema())
+        self.channels = {
+            PREDICTED_TOPIC: self.writer.register_channel(PREDICTED_TOPIC, "protobuf", poses),
+            EXECUTED_TOPIC: self.writer.register_channel(EXECUTED_TOPIC, "protobuf", poses),
+            WIDTH_TOPIC: self.writer.register_channel(WIDTH_TOPIC, "json", width),
+        }
+        self.sequence = 0
+
+    def metadata(self, data: dict[str, str]) -> None:
+        self.writer.add_metadata(METADATA_NAME, data)
+
+    def chunk(self, chunk: ActionChunk, seed: int) -> None:
+        t = chunk.observation_ns
+        executed = np.flatnonzero(chunk.execute)
+        width = {
+            "timestamp_ns": t,
+            "seed": seed,
+            "time_ns": chunk.time_ns.tolist(),
+            "width_m": chunk.width.tolist(),
+            "executed": chunk.execute.tolist(),
+        }
+        for topic, data in (
+            (PREDICTED_TOPIC, poses_message(chunk, np.arange(len(chunk.time_ns)))),
+            (EXECUTED_TOPIC, poses_message(chunk, executed)),
+            (WIDTH_TOPIC, json.dumps(width, separators=(",", ":")).encode()),
+        ):
+            self.writer.add_message(
+                channel_id=self.channels[topic],
+                log_time=t,
+                publish_time=t,
+                data=data,
+                sequence=self.sequence,
+            )
+        self.sequence += 1  # the chunk's number, the same on its three messages
+
+    def finish(self) -> None:
+        self.writer.finish()
+
+
+def poses_message(chunk: ActionChunk, steps: np.ndarray) -> bytes:
+    msg = PosesInFrame()
+    msg.timestamp.FromNanoseconds(int(chunk.observation_ns))
+    msg.frame_id = FRAME_ID
+    for k in steps:
+        pose = msg.poses.add()
+        pose.position.x, pose.position.y, pose.position.z = (float(v) for v in chunk.position[k])
+        o = pose.orientation
+        o.x, o.y, o.z, o.w = (float(v) for v in chunk.quaternion[k])
+    return msg.SerializeToString(deterministic=True)
