@@ -262,6 +262,8 @@ def test_compare_measures_a_sampling_choice_on_the_same_trained_policies(
         (["lineage", "{tmp}/nowhere"], "{tmp}/nowhere does not exist"),  # LineageError
         (["pair", "{tmp}/nowhere"], "export folder {tmp}/nowhere does not exist"),  # ValueError
         (["sample", "{tmp}", "--recordings", "1"], "{tmp} is not empty"),  # FileExistsError
+        (["serve", "{tmp}/nowhere"], "policy folder {tmp}/nowhere does not exist"),  # FileNotFoundError
+        (["predict", "{tmp}", "{tmp}/something", "-o", "{tmp}/p.mcap"], "{tmp} has no runtime.json"),
     ],
 )
 def test_every_subcommand_reports_a_bad_input_as_one_error_line_with_status_2(

@@ -58,6 +58,11 @@ class RuntimeSpec:
     @classmethod
     def read(cls, folder: Path) -> RuntimeSpec:
         path = Path(folder) / RUNTIME_FILE
+        if not Path(folder).is_dir():
+            raise FileNotFoundError(
+                f"policy folder {folder} does not exist: train one with `dvc repro train` (it writes "
+                "data/policy), or give the path of an exported policy"
+            )
         if not path.is_file():
             raise ValueError(
                 f"policy {folder} has no {RUNTIME_FILE} (it was exported before policypipe recorded what a "
