@@ -1,26 +1,32 @@
-"""Stage `check_export`: the export folder walked before DVC hashes it for `pair`.
+"""Stage `check_export`: the export folder checked, then hashed, for `pair` to depend on.
 
-It runs on every `dvc repro` (`always_changed`) and only lists and stats: DVC would wait forever
-on a named pipe in the export and fail without naming the file on a link loop or a name that is
-not UTF-8 (src/policypipe/recordings/export_check.py). No provenance record: it makes nothing
-from its input, and a record with the run's time would change on every run.
+It runs on every `dvc repro` (`always_changed`): it walks the folder without opening anything but
+regular files, fails naming what DVC or pair could not read (a named pipe would make DVC wait
+forever), and writes the export's content digest, which `pair` depends on instead of the folder
+(src/policypipe/recordings/export_check.py). Unchanged files are not read again (a local stat
+cache). No provenance record: its output is that digest, and a record with the run's time would
+change on every run.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from common import fail
 
 from policypipe.atomic import write_json_atomic
-from policypipe.recordings.export_check import export_hazards, tracked_files
+from policypipe.recordings.export_check import export_content, export_hazards, unversioned_change
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--export", type=Path, required=True, help="export folder (pair's input)")
     parser.add_argument("--out", type=Path, required=True, help="what was checked (JSON)")
+    parser.add_argument(
+        "--cache", type=Path, required=True, help="file hashes by size, mtime and inode (not a DVC output)"
+    )
     args = parser.parse_args()
 
     if not args.export.is_dir():
@@ -45,10 +51,18 @@ def main() -> None:
             f"Move or fix them, then run dvc repro again; `policypipe pair {args.export} -v` checks the "
             "whole export"
         )
-    tracked = tracked_files(args.export)
-    # Deterministic: the same export gives the same bytes, so DVC does not rerun pair for this file.
+    content = export_content(args.export, args.cache)
+    if unversioned := unversioned_change(args.export, args.export.with_name(args.export.name + ".dvc")):
+        print(f"warning: {unversioned}", file=sys.stderr)
+    # Deterministic: the same files give the same bytes, so DVC reruns pair only when they change.
     write_json_atomic(
-        args.out, {"export": args.export.as_posix(), "files": tracked.files, "bytes": tracked.bytes}
+        args.out,
+        {
+            "export": args.export.as_posix(),
+            "files": content.files,
+            "bytes": content.bytes,
+            "sha256": content.sha256,
+        },
     )
 
 

@@ -3,6 +3,10 @@
 - end-to-end conversion frames/s with one worker / frames/s of a bare decode+resize loop over
   the same frames (target >= 0.7);
 - speed-up with two workers over one (target >= 1.7 on 2 cores);
+- where the time goes: the CPU seconds of each step a conversion takes (reading the MCAP,
+  decoding, the episode's interpolation, JPEG encoding, the cache entry, the store, the worker
+  process), each timed alone over the same recordings, and the CPU-time ratio of the one-worker
+  conversion (robust to a machine loaded by other work, unlike the wall-clock figures);
 - bytes per frame, files per 1,000 frames, one random frame read from the store;
 - the image codec comparison behind the choice of JPEG (size and decode time per frame);
 - peak RSS of converting one recording at 320x240 vs 1920x1080 and 100 vs 1,000 frames, each
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -21,17 +26,23 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from unittest import mock
 
 import cv2
 import numpy as np
 import zarr
 from numcodecs import Blosc, Zstd
 
-from policypipe.atomic import write_json_atomic
-from policypipe.dataset import layout
-from policypipe.dataset.convert import convert_dataset
+from policypipe.atomic import canonical_json, write_json_atomic
+from policypipe.dataset import convert_cache, episode, layout
+from policypipe.dataset.convert import ConversionResult, convert_dataset
+from policypipe.dataset.convert_cache import current_cache, save_arrays, write_cache_file
 from policypipe.dataset.convert_config import ConvertConfig
-from policypipe.dataset.episode import decode_frames
+from policypipe.dataset.episode import build_episode, decode_frames
+from policypipe.dataset.image_codec import encode_jpeg
+from policypipe.dataset.store_writer import assemble_store
+from policypipe.lineage.code import module_code_sha256
+from policypipe.processes import process_pool
 from policypipe.recordings.layout import Role
 from policypipe.recordings.pairing import PairConfig, pair_export
 from policypipe.recordings.streams import read_streams
@@ -40,21 +51,95 @@ from policypipe.synthetic.motion import plan_motion
 from policypipe.synthetic.render import render_frame
 
 
-def bare_decode_resize(vio_paths: list[Path], config: ConvertConfig) -> tuple[int, float]:
-    """The floor: decode and resize every frame, payloads already in memory."""
+def cpu_s() -> float:
+    """CPU seconds of this process and of its children that have ended (a pool's workers are
+    joined, so counted, when the pool is left)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def bare_decode_resize(vio_paths: list[Path], config: ConvertConfig) -> tuple[int, float, float]:
+    """The floor: decode and resize every frame, payloads already in memory; (frames, wall s, CPU s)."""
     payloads = [read_streams(p, config.topics) for p in vio_paths]
     cv2.setNumThreads(1)
-    t0 = time.perf_counter()
+    c0, t0 = cpu_s(), time.perf_counter()
     frames = 0
     for streams in payloads:
         frames += len(decode_frames(streams, config.image_size).dropped)
-    return frames, time.perf_counter() - t0
+    return frames, time.perf_counter() - t0, cpu_s() - c0
 
 
-def timed_convert(manifest: Path, export: Path, out: Path, config: ConvertConfig) -> tuple[float, object]:
-    t0 = time.perf_counter()
+def timed_convert(
+    manifest: Path, export: Path, out: Path, config: ConvertConfig
+) -> tuple[float, float, ConversionResult]:
+    """(wall s, CPU s of this process and its workers, the result)."""
+    c0, t0 = cpu_s(), time.perf_counter()
     result = convert_dataset(manifest, export, out, out.with_suffix(".cache"), config)
-    return time.perf_counter() - t0, result
+    return time.perf_counter() - t0, cpu_s() - c0, result
+
+
+# ---------------------------------------------------------------- where the time goes
+
+READ, DECODE, EPISODE, ENCODE, CACHE, STORE, POOL, IDENTITY = (
+    "read the _vio.mcap (parse, chunk CRCs)",
+    "decode+resize (the bare loop's work)",
+    "episode besides decoding (interpolation)",
+    "JPEG encode of the kept frames",
+    "cache entry besides encoding (npz, record)",
+    "store assembly from the cache",
+    "worker process (fork, start, stop)",
+    "converter identity (hash of its code)",
+)
+
+
+def encode_all(frames: np.ndarray, quality: int) -> list[bytes]:
+    return [encode_jpeg(frame, quality) for frame in frames]
+
+
+def cost_breakdown(
+    vio_paths: list[Path], config: ConvertConfig, cache_dir: Path, converted: ConversionResult, tmp: Path
+) -> dict[str, float]:
+    """CPU seconds of each step of a one-worker conversion, each timed alone in this process over
+    the same recordings, one recording in memory at a time. The store is assembled again from the
+    one-worker run's cache, as that run did. The last two are paid once per conversion."""
+    steps = dict.fromkeys((READ, DECODE, EPISODE, ENCODE, CACHE, STORE, POOL, IDENTITY), 0.0)
+
+    def timed(step, fn, *args):
+        t0 = time.process_time()
+        out = fn(*args)
+        steps[step] += time.process_time() - t0
+        return out
+
+    scratch = tmp / "breakdown"
+    scratch.mkdir()
+    for i, path in enumerate(vio_paths):
+        streams = timed(READ, read_streams, path, config.topics)
+        decoded = timed(DECODE, decode_frames, streams, config.image_size)
+        # Decoded once: the episode's own work is timed without decoding again, and the cache
+        # entry's without encoding again.
+        with mock.patch.object(episode, "decode_frames", lambda *_, d=decoded: d):
+            ep = timed(EPISODE, build_episode, streams, config)
+        encoded = timed(ENCODE, encode_all, ep.rgb, config.jpeg_quality)
+        again = iter(encoded)
+        with mock.patch.object(convert_cache, "encode_jpeg", lambda *_, it=again: next(it)):
+            timed(CACHE, save_arrays, scratch / f"{i}.npz", ep, config.jpeg_quality)
+        record = canonical_json({"frames": len(ep.capture_ns), "warnings": ep.warnings})
+        timed(CACHE, write_cache_file, scratch / f"{i}.json", record, len(ep.capture_ns))
+    timed(
+        STORE,
+        assemble_store,
+        scratch / "store.zarr",
+        converted.episodes,
+        current_cache(cache_dir),
+        config,
+        converted.frequency_hz,
+    )
+    c0 = cpu_s()
+    with process_pool(1) as pool:
+        pool.submit(int).result()
+    steps[POOL] = cpu_s() - c0
+    timed(IDENTITY, module_code_sha256.__wrapped__, "policypipe.dataset.convert")
+    return steps
 
 
 def random_frame_read_ms(store: Path, reads: int = 200) -> float:
@@ -82,7 +167,7 @@ PEAK_RSS_SCRIPT = (
     + """
 import sys
 from pathlib import Path
-from policypipe.dataset.convert import convert_dataset
+from policypipe.dataset.convert import ConversionResult, convert_dataset
 from policypipe.dataset.convert_config import ConvertConfig
 convert_dataset(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), ConvertConfig(workers=1))
 # Recordings are decoded in a worker process, the store is assembled here: the larger peak.
@@ -119,7 +204,7 @@ RECORDING_RSS_SCRIPT = (
     + """
 import sys
 from pathlib import Path
-from policypipe.dataset.convert import convert_dataset
+from policypipe.dataset.convert import ConversionResult, convert_dataset
 from policypipe.dataset.convert_config import ConvertConfig
 if sys.argv[1] != "imports-only":
     convert_dataset(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), ConvertConfig(workers=1))
@@ -296,9 +381,11 @@ def main() -> None:
         config = ConvertConfig()
         vio = [export / r.files[Role.VIO].path for r in result.recordings]
 
-        frames, bare_s = bare_decode_resize(vio, config)
-        one_s, converted = timed_convert(manifest, export, tmp / "one.zarr", replace(config, workers=1))
-        two_s, _ = timed_convert(manifest, export, tmp / "two.zarr", replace(config, workers=2))
+        frames, bare_s, bare_cpu = bare_decode_resize(vio, config)
+        one_s, one_cpu, converted = timed_convert(
+            manifest, export, tmp / "one.zarr", replace(config, workers=1)
+        )
+        two_s, _, _ = timed_convert(manifest, export, tmp / "two.zarr", replace(config, workers=2))
         bare_fps, one_fps, two_fps = frames / bare_s, frames / one_s, frames / two_s
         m = converted.metrics()
         print(
@@ -318,6 +405,18 @@ def main() -> None:
         print(f"  files per 1,000 frames      {1000 * m['store_files'] / m['frames']:8.1f}")
         print(
             f"  one random frame read       {random_frame_read_ms(tmp / 'one.zarr'):8.2f} ms (median of 200)"
+        )
+        steps = cost_breakdown(vio, config, tmp / "one.cache", converted, tmp)
+        print(
+            f"where the time goes: CPU s of each step over the same {frames} frames, timed alone "
+            f"(% of the bare loop's {bare_cpu:.2f} CPU s):"
+        )
+        for step, seconds in steps.items():
+            print(f"  {step:44s} {seconds:6.3f} s {100 * seconds / bare_cpu:5.1f} %")
+        floor = sum(steps.values())
+        print(
+            f"  sum {floor:.2f} s: at best ratio {steps[DECODE] / floor:.2f}; measured: convert, 1 worker "
+            f"{one_cpu:.2f} CPU s (this process and its worker), ratio {bare_cpu / one_cpu:.2f}"
         )
         few, many = 4, args.recordings
         rss_few, rss_many = (peak_rss_mb(result.manifest(), k, export, tmp) for k in (few, many))

@@ -4,13 +4,20 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from policypipe.recordings.export_check import export_hazards, tracked_files
+from policypipe.recordings.export_check import (
+    export_content,
+    export_hazards,
+    tracked_files,
+    unversioned_change,
+)
+from policypipe.recordings.pairing import PairConfig, pair_export
 from tests.conftest import write_triplet
 from tests.workspace import checkout_copy, env, run
 
@@ -61,6 +68,38 @@ def test_the_file_count_and_bytes_are_what_dvc_records(export: Path, tmp_path: P
     assert (counted.files, counted.bytes) == (out["nfiles"], out["size"])
 
 
+def test_the_content_digest_is_pairs_and_an_unchanged_file_is_not_read_again(export: Path, tmp_path) -> None:
+    write_triplet(export / "s1", "a")
+    write_triplet(export / "s2", "b")
+    cache = tmp_path / "hashes.json"
+    first = export_content(export, cache)
+    assert first.sha256 == pair_export(export, PairConfig()).export_sha256 and first.files == 6
+    # Same size and mtime, other bytes: the cache answers, as DVC's state database would.
+    status = export / "s1" / "a_vio.json"
+    st = status.stat()
+    status.write_bytes(status.read_bytes().replace(b'"a', b'"x', 1))
+    os.utime(status, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert export_content(export, cache) == first
+    os.utime(status, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # touched: hashed again
+    assert (
+        export_content(export, cache).sha256
+        == pair_export(export, PairConfig()).export_sha256
+        != first.sha256
+    )
+
+
+def test_a_folder_changed_after_dvc_add_is_said_to_be_unversioned(export: Path, tmp_path) -> None:
+    repo = tmp_path / "repo"
+    write_triplet(repo / "raw" / "s1", "a")
+    run(repo, "git", "init", "-q")
+    run(repo, "dvc", "init", "-q")
+    run(repo, "dvc", "add", "-q", "raw")
+    assert unversioned_change(repo / "raw", repo / "raw.dvc") is None
+    write_triplet(repo / "raw" / "s2", "b")
+    said = unversioned_change(repo / "raw", repo / "raw.dvc")
+    assert "holds 6 files" in said and "records 3" in said and "Run `dvc add" in said
+
+
 @pytest.mark.slow
 def test_dvc_repro_stops_at_the_check_naming_each_entry_instead_of_hanging(tmp_path: Path) -> None:
     repo = checkout_copy(tmp_path / "checkout")
@@ -71,7 +110,9 @@ def test_dvc_repro_stops_at_the_check_naming_each_entry_instead_of_hanging(tmp_p
     (raw / "loop_a.mcap").symlink_to("loop_b.mcap")
     (raw / "loop_b.mcap").symlink_to("loop_a.mcap")
     (raw / os.fsdecode(b"take\xff_vio.json")).write_text("{}")
-    # On the code before the check, DVC waited on the pipe forever: the timeout is the failure.
+    # Before the check, DVC waited on the pipe forever (the timeout is the failure); with the check
+    # listed before data/raw among pair's deps, DVC sometimes reached data/raw first (its order is
+    # not the list's, run to run): pair no longer depends on the folder at all.
     done = subprocess.run(
         ["dvc", "repro", "pair"], cwd=repo, env=env(), capture_output=True, text=True, timeout=120
     )
@@ -89,3 +130,12 @@ def test_dvc_repro_stops_at_the_check_naming_each_entry_instead_of_hanging(tmp_p
     # The check's output depends only on the export: a second repro runs the check, not pair.
     again = run(repo, "dvc", "repro", "pair", timeout_s=120)
     assert "Running stage 'check_export'" in again and "Stage 'pair' didn't change" in again
+    # A new recording copied in: pair runs again, and the check says data/raw.dvc is behind.
+    # The same sample with one recording more: its first two are these two, byte for byte.
+    more = tmp_path / "more"
+    run(repo, "policypipe", "sample", str(more), "--recordings", "3", "--seed", "3", "--no-defects")
+    for name in ("rec_0003.mcap", "rec_0003_vio.mcap", "rec_0003_vio.json"):
+        shutil.copy(more / "session_01" / name, raw / "session_01" / name)
+    grown = run(repo, "dvc", "repro", "pair", timeout_s=120)
+    assert "Running stage 'pair'" in grown and "Run `dvc add data/raw`" in grown
+    assert len(yaml.safe_load((repo / "data/manifest.json").read_text())["recordings"]) == 3

@@ -1,26 +1,35 @@
-"""Checking an export before DVC hashes it.
+"""Checking an export before anything hashes it, and hashing it safely for the pipeline.
 
-Under `dvc repro`, DVC hashes a stage's dependencies before the stage runs, so it reads every file
-of `data/raw` before `pair` can report on any: a named pipe in the export makes it wait forever, a
-symbolic link loop fails with the operating system's "Too many levels of symbolic links", a name
-that is not UTF-8 with an encoding error that names no file. The pipeline's first stage,
-`check_export`, walks the folder as `pair` does (never opening anything but regular files) and
-fails naming every such entry; `pair` lists its output before `data/raw` among its dependencies,
-which is the order DVC visits them in (tested), so DVC never reaches the export while one is there.
+DVC hashes a stage's dependencies before it runs the stage. Were `data/raw` a dependency of
+`pair`, DVC would read every file of it before `pair` could report on any: a named pipe in the
+export makes it wait forever, a symbolic link loop fails with the operating system's "Too many
+levels of symbolic links", a name that is not UTF-8 with an encoding error that names no file.
+So the pipeline's first stage, `check_export`, walks the folder as `pair` does, never opening
+anything but regular files, fails naming every such entry, and otherwise writes what the export
+holds: its file count, bytes and one SHA-256 over its files (`export_content`, the digest `pair`
+records as the export's). `pair` depends on that record, not on the folder, so DVC never walks
+the export during `dvc repro`; a file's hash is kept in a local cache while its size, mtime and
+inode stay the same, as DVC's own state database does, so an unchanged export is not read again.
 
-What DVC records for a folder, measured on dvc 3: every entry that is not a folder, without
-following links to folders, with the size of what a link to a file leads to. `tracked_files`
-counts the same, for the check's summary.
+What `dvc add` records for a folder, measured on dvc 3: every entry that is not a folder,
+without following links to folders, with the size of what a link to a file leads to.
+`tracked_files` counts the same, so the check can say when `data/raw.dvc` no longer describes
+the folder (new recordings not versioned yet for `dvc push`).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+from policypipe.atomic import write_json_atomic
+from policypipe.lineage.hashing import sha256_files, tree_digest
 from policypipe.recordings.pairing import Reason, Rejection, export_relative_path, walk_export
 
 # What would make DVC hang or fail while hashing; the other reasons are `pair`'s to report.
@@ -33,6 +42,15 @@ class TrackedFiles:
 
     files: int
     bytes: int
+
+
+@dataclass(frozen=True)
+class ExportContent:
+    """The files `pair` reads (regular files, links to files inside the export), and their digest."""
+
+    files: int
+    bytes: int
+    sha256: str  # tree_digest of their SHA-256 by export-relative path: pair's `export_sha256`
 
 
 def export_hazards(root: Path) -> list[Rejection]:
@@ -62,6 +80,54 @@ def tracked_files(root: Path) -> TrackedFiles:
             if stat.S_ISREG(st.st_mode):
                 files, size = files + 1, size + st.st_size
     return TrackedFiles(files, size)
+
+
+def export_content(root: Path, cache_path: Path) -> ExportContent:
+    """What `pair` will read, hashed; a file whose size, mtime and inode are those of the cache
+    entry keeps its hash. Call after `export_hazards` found nothing (no pipe is ever opened)."""
+    root = Path(root).resolve()
+    files = {export_relative_path(p, root): p for p, reason, _ in walk_export(root) if reason is None}
+    stats = {rel: os.stat(path) for rel, path in files.items()}
+    keys = {rel: [st.st_size, st.st_mtime_ns, st.st_ino] for rel, st in stats.items()}
+    cached = _read_cache(cache_path)
+    digests = {rel: cached[rel][1] for rel in files if rel in cached and cached[rel][0] == keys[rel]}
+    fresh = sha256_files([files[rel] for rel in files if rel not in digests])
+    digests |= {rel: fresh[files[rel]] for rel in files if rel not in digests}
+    if digests.keys() != cached.keys() or fresh:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(cache_path, {rel: [keys[rel], digests[rel]] for rel in sorted(digests)})
+    return ExportContent(len(files), sum(st.st_size for st in stats.values()), tree_digest(digests))
+
+
+def _read_cache(path: Path) -> dict[str, list]:
+    try:
+        cache = json.loads(Path(path).read_text())
+        return cache if isinstance(cache, dict) else {}
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: everything is hashed again
+
+
+def recorded_files(pointer: Path) -> TrackedFiles | None:
+    """`nfiles` and `size` from a `.dvc` file written by `dvc add`; None where it has none."""
+    try:
+        out = yaml.safe_load(Path(pointer).read_text())["outs"][0]
+        return TrackedFiles(int(out["nfiles"]), int(out["size"]))
+    except (OSError, yaml.YAMLError, KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
+def unversioned_change(root: Path, pointer: Path) -> str | None:
+    """Why `pointer` (`data/raw.dvc`) no longer describes the folder, or None where it does or
+    where there is none: the pipeline runs on the folder, `dvc push` sends what the pointer names."""
+    recorded = recorded_files(pointer)
+    now = tracked_files(root)
+    if recorded is None or recorded == now:
+        return None
+    return (
+        f"{root} holds {now.files} files ({now.bytes:,} bytes), {pointer} records {recorded.files} "
+        f"({recorded.bytes:,} bytes): the pipeline runs on the folder as it is, but `dvc push` sends "
+        f"the version {pointer} names. Run `dvc add {root}` and commit {pointer} to version this one"
+    )
 
 
 def _is_folder_link(path: Path) -> bool:
