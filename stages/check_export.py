@@ -46,8 +46,9 @@ def main() -> None:
     if hazards:
         lines = "\n".join(f"  {(args.export / h.path).as_posix()}: {h.detail}" for h in hazards)
         fail(
-            f"{args.export} holds {len(hazards)} entr{'y' if len(hazards) == 1 else 'ies'} that DVC cannot "
-            f"hash (it would hang or fail before pair could report them):\n{lines}\n"
+            f"{args.export} holds {len(hazards)} entr{'y' if len(hazards) == 1 else 'ies'} that cannot be "
+            "read as files (a reader would wait forever on a pipe; `dvc add` hangs or fails on them):\n"
+            f"{lines}\n"
             f"Move or fix them, then run dvc repro again; `policypipe pair {args.export} -v` checks the "
             "whole export"
         )

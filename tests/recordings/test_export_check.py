@@ -1,5 +1,6 @@
-"""What DVC cannot hash in an export, found before it tries: the library, and the stage under a real
-`dvc repro`, where DVC would otherwise hang on a named pipe or fail naming no file."""
+"""What cannot be read in an export, found before anything tries, and the export's digest that
+`pair` depends on instead of the folder: the library, and the stage under a real `dvc repro`,
+where DVC would otherwise hang on a named pipe or fail naming no file."""
 
 from __future__ import annotations
 
