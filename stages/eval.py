@@ -16,7 +16,7 @@ from policypipe.evaluation.evaluate import EvalConfig, evaluate
 from policypipe.evaluation.plots import write_eval_plots
 from policypipe.lineage.hashing import sha256_file, sha256_path
 from policypipe.lineage.provenance import StageRun
-from policypipe.policy.export import load_policy
+from policypipe.policy.export import load_policy, require_trained_with
 
 
 def main() -> None:
@@ -43,7 +43,10 @@ def main() -> None:
         stats = json.loads(args.stats.read_text())
         try:
             require_same_window(stats, asdict(policy.config), f"the policy {args.policy}")
-        except ConfigError as exc:
+            # Other statistics split the episodes otherwise: their validation side may hold episodes
+            # this policy trained on.
+            require_trained_with(args.policy, sha256_file(args.stats), args.stats)
+        except (ConfigError, ValueError) as exc:
             fail(str(exc))
         print(
             f"eval: {len(stats['split']['val'])} validation episodes, "

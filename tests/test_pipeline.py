@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.workspace import checkout_copy, run, shorten_training, stages_run
 
@@ -143,6 +144,38 @@ def test_eval_stage_reports_errors_baselines_and_plots(pipeline_repo: Path) -> N
     }
     shown = run(pipeline_repo, "dvc", "metrics", "show")
     assert "metrics/eval.json" in shown
+
+
+def test_every_series_dvc_yaml_plots_names_is_in_the_output_with_every_baseline(pipeline_repo: Path) -> None:
+    # dvc.yaml named a `camera_ablation` series the output did not have, and left out the
+    # strongest baseline: `dvc plots show` drew the policy against the weak ones only.
+    import csv
+
+    for plot in yaml.safe_load((pipeline_repo / "dvc.yaml").read_text())["plots"]:
+        if not isinstance(plot, dict):
+            continue  # an image
+        (definition,) = plot.values()
+        for path, keys in definition["y"].items():
+            keys = [keys] if isinstance(keys, str) else keys
+            text = (pipeline_repo / path).read_text()
+            rows = (
+                json.loads(text)
+                if path.endswith(".json")
+                else list(csv.DictReader(text.splitlines(), delimiter="\t"))
+            )
+            missing = [k for k in keys if not all(k in row for row in rows)]
+            assert rows and not missing, f"{path}: {missing} named in dvc.yaml's plots, not in the output"
+    written = set(json.loads((pipeline_repo / "metrics/eval_per_step.json").read_text())[0]) - {"step"}
+    policy_and_baselines = {k for k in written if not k.startswith("camera_ablation")}
+    horizon = next(
+        p
+        for p in yaml.safe_load((pipeline_repo / "dvc.yaml").read_text())["plots"]
+        if "position error along the horizon (eval)" in p
+    )
+    assert (
+        set(horizon["position error along the horizon (eval)"]["y"]["metrics/eval_per_step.json"])
+        == policy_and_baselines
+    )
 
 
 def test_manifest_is_identical_in_another_checkout_location(pipeline_repo: Path, tmp_path: Path) -> None:

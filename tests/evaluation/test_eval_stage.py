@@ -14,6 +14,7 @@ import zarr
 from policypipe.atomic import write_json_atomic
 from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.dataset.windows import WindowConfig
+from policypipe.lineage.hashing import sha256_file
 from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.policy.export import save_policy
 from tests.dataset.conftest import make_store
@@ -34,7 +35,7 @@ def stage(tmp_path: Path, monkeypatch):
     torch.manual_seed(0)
     policy = DiffusionPolicy(MODEL)
     policy.fit_normalizers(stats)
-    save_policy(tmp_path / "policy", policy, {})
+    save_policy(tmp_path / "policy", policy, {"stats_sha256": sha256_file(tmp_path / "stats.json")})
     (tmp_path / "params.yaml").write_text(
         "eval:\n  stride: 6\n  batch_size: 16\n  spread_samples: 2\n  spread_observations: 1\n"
         "  plot_episodes: 1\n  bootstrap_resamples: 200\n"
@@ -92,3 +93,17 @@ def test_a_policy_that_raises_fails_the_stage_and_writes_no_metrics(
     with pytest.raises(RuntimeError, match="shape mismatch"):  # a traceback and exit status 1 under dvc repro
         stage()
     assert not (tmp_path / "eval.json").exists() and not (tmp_path / "provenance.json").exists()
+
+
+def test_statistics_other_than_the_policys_are_refused(stage, tmp_path: Path, capsys) -> None:
+    # Another split's validation side may hold episodes the policy trained on: compare refused
+    # them, eval did not.
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    stats["split"]["train"], stats["split"]["val"] = stats["split"]["val"], stats["split"]["train"]
+    write_json_atomic(tmp_path / "stats.json", stats)
+    with pytest.raises(SystemExit) as exit_code:
+        stage()
+    assert exit_code.value.code == 2
+    err = capsys.readouterr().err
+    assert "was trained with statistics sha256" in err and "not with stats.json" in err
+    assert not (tmp_path / "eval.json").exists()
