@@ -139,3 +139,13 @@ def test_dvc_repro_stops_at_the_check_naming_each_entry_instead_of_hanging(tmp_p
     grown = run(repo, "dvc", "repro", "pair", timeout_s=120)
     assert "Running stage 'pair'" in grown and "Run `dvc add data/raw`" in grown
     assert len(yaml.safe_load((repo / "data/manifest.json").read_text())["recordings"]) == 3
+
+
+def test_a_damaged_hash_cache_means_hashing_again_not_a_crash(export: Path, tmp_path) -> None:
+    write_triplet(export / "s1", "a")
+    cache = tmp_path / "hashes.json"
+    good = export_content(export, cache)
+    cache.write_text('{"s1/a.mcap": 7, "s1/a_vio.mcap": [[1], 2], "s1/a_vio.json": "x"}')
+    assert export_content(export, cache) == good
+    cache.write_text("not json")
+    assert export_content(export, cache) == good

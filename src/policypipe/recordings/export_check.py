@@ -90,13 +90,24 @@ def export_content(root: Path, cache_path: Path) -> ExportContent:
     stats = {rel: os.stat(path) for rel, path in files.items()}
     keys = {rel: [st.st_size, st.st_mtime_ns, st.st_ino] for rel, st in stats.items()}
     cached = _read_cache(cache_path)
-    digests = {rel: cached[rel][1] for rel in files if rel in cached and cached[rel][0] == keys[rel]}
+    digests = {rel: cached[rel][1] for rel in files if _entry(cached.get(rel)) == keys[rel]}
     fresh = sha256_files([files[rel] for rel in files if rel not in digests])
     digests |= {rel: fresh[files[rel]] for rel in files if rel not in digests}
     if digests.keys() != cached.keys() or fresh:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(cache_path, {rel: [keys[rel], digests[rel]] for rel in sorted(digests)})
     return ExportContent(len(files), sum(st.st_size for st in stats.values()), tree_digest(digests))
+
+
+def _entry(entry: object) -> list | None:
+    """The (size, mtime, inode) of a cache entry [[size, mtime_ns, inode], sha256]; None when malformed."""
+    ok = (
+        isinstance(entry, list)
+        and len(entry) == 2
+        and isinstance(entry[0], list)
+        and isinstance(entry[1], str)
+    )
+    return entry[0] if ok else None
 
 
 def _read_cache(path: Path) -> dict[str, list]:
