@@ -330,9 +330,12 @@ for run_dir, stop_after, rank_1_stops_at in json.loads(sys.argv[4]):
         options["stop_requested"] = stop_requested
     result = loop.train(store=Path(sys.argv[1]), stats=stats, stats_sha256="s" * 64, config=config,
                         run_dir=Path(run_dir), stop_after=stop_after, **options)
-    print("rank", os.environ["RANK"], "resumed_from", result.resumed_from, "steps", result.steps,
-          "loss", result.last_train_loss, "backed off", result.oom_adjustments, "run", Path(run_dir).name,
-          flush=True)
+    # One write of the whole line (under PIPE_BUF, so atomic on the shared pipe): print() writes
+    # each argument apart when stdout is unbuffered, and the two ranks' words interleaved.
+    line = " ".join(str(v) for v in ("rank", os.environ["RANK"], "resumed_from", result.resumed_from,
+        "steps", result.steps, "loss", result.last_train_loss, "backed off", result.oom_adjustments,
+        "run", Path(run_dir).name))
+    os.write(1, (line + "\\n").encode())
 """
 
 # Rank 1 alone cannot hold more than 2 samples (a smaller GPU, or a neighbour's memory): a test
