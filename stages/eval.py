@@ -89,7 +89,7 @@ def main() -> None:
         f"{r['samples']} samples: position error over the executed steps {p:.1f} mm, "
         f"{ratio:.2f} [{ci['ci95_low']:.2f}, {ci['ci95_high']:.2f}] of the best baseline ({best}, "
         f"{r[best]['position_mm']['executed']['mean']:.1f} mm); {camera}; spread {r['spread_mm']:.1f} mm; "
-        f"{r['skipped_episodes']} episodes skipped; one seed, CIs cover samples only; "
+        f"{r['skipped_episodes']} episodes skipped; CIs cover {r['ci_covers']}; "
         f"{time.monotonic() - started:.0f} s"
     )
     for name, why in r["omitted"].items():

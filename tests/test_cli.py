@@ -163,13 +163,13 @@ def compare(seeds, args: list[str], tmp_path: Path) -> int:
     )
 
 
-def test_compare_one_seed_alone_against_the_baselines_says_the_ci_covers_samples_only(
+def test_compare_one_seed_alone_against_the_baselines_says_what_the_ci_covers(
     seeds, tmp_path: Path, capsys
 ) -> None:
     code = compare(seeds, [str(seeds[2][0]), "--json", str(tmp_path / "out.json")], tmp_path)
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "A: 1 seed; CIs cover samples only (one seed)" in out
+    assert "A: 1 seed; CIs cover episodes, then samples within them (one seed; " in out
     for name in (
         "hold_still",
         "mean_motion",
@@ -195,8 +195,8 @@ def test_compare_seeds_against_seeds(seeds, tmp_path: Path, capsys) -> None:
     )
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "A: 2 seeds; CIs cover seeds and samples (A: 2 seeds)" in out
-    assert "B - A; CIs cover seeds and samples (A: 2 seeds, B: 1 seed)" in out
+    assert "A: 2 seeds; CIs cover seeds, episodes, then samples within them (A: 2 seeds; " in out
+    assert "B - A; CIs cover seeds, episodes, then samples within them (A: 2 seeds, B: 1 seed; " in out
     result = json.loads((tmp_path / "out.json").read_text())
     assert set(result["b_minus_a"]) == {"position_mm", "rotation_deg", "width_mm"}
 

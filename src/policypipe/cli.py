@@ -426,13 +426,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "compare",
-        help="policies against the baselines or each other, 95%% CIs over seeds and samples",
+        help="policies against the baselines or each other, 95%% CIs over seeds, episodes and samples",
         description="Evaluate exported policies on the same validation samples. Each side takes one or more "
         "policy folders: the seeds of one configuration. Alone, side A is reported against the baselines "
         "(hold still, mean motion, constant velocity) with the ratio to the best one and the camera ablation "
-        "gap; with --against, the difference B - A is added. Every 95% CI is a two-level bootstrap (seeds, "
-        "then samples, shared by all quantities): with one seed per side "
-        "it covers samples only, and says so.",
+        "gap; with --against, the difference B - A is added. Every 95% CI is a bootstrap over seeds, then "
+        "episodes, then samples within them (episodes and samples shared by all quantities): with one seed "
+        "per side it covers episodes and samples only, and says so.",
     )
     p.add_argument("a", type=Path, nargs="+", metavar="POLICY_A", help="side A: one policy folder per seed")
     p.add_argument(

@@ -16,6 +16,7 @@ from policypipe.evaluation.errors import (
     hierarchical_bootstrap,
     hold_still,
     mean_pairwise_distance_mm,
+    moving_samples,
     percentile_ci,
     seeds_summary,
     summarize,
@@ -81,9 +82,9 @@ def test_spread_and_bootstrap() -> None:
     two = np.zeros((2, 8, 10))
     two[1, :, 0] = 0.01
     assert mean_pairwise_distance_mm(two, 4) == pytest.approx(10)
-    lo, hi = bootstrap_mean_ci(np.zeros(50), seed=0)
+    lo, hi = bootstrap_mean_ci(np.zeros(50), np.repeat(np.arange(5), 10), seed=0)
     assert lo == hi == 0
-    lo, hi = bootstrap_mean_ci(np.random.default_rng(0).normal(1.0, 0.1, 200), seed=0)
+    lo, hi = bootstrap_mean_ci(np.random.default_rng(0).normal(1.0, 0.1, 200), np.arange(200) // 20, seed=0)
     assert lo < 1.0 < hi and hi - lo < 0.1
 
 
@@ -178,9 +179,12 @@ def test_a_large_spread_between_seeds_widens_the_ci() -> None:
     rng = np.random.default_rng(0)
     offsets = np.array([-3.0, -1.5, 0.0, 1.5, 3.0])[:, None]
     errors = 10 + offsets + rng.normal(0, 1, (5, 300))  # 5 seeds, 300 samples
-    seeds_and_samples = percentile_ci(hierarchical_bootstrap({"A": {"x": errors}}, seed=0)["A"]["x"])
+    episodes = np.arange(300) // 30  # 10 episodes with no episode effect
+    seeds_and_samples = percentile_ci(
+        hierarchical_bootstrap({"A": {"x": errors}}, episodes, seed=0)["A"]["x"]
+    )
     samples_only = percentile_ci(
-        hierarchical_bootstrap({"A": {"x": errors.mean(axis=0, keepdims=True)}}, seed=0)["A"]["x"]
+        hierarchical_bootstrap({"A": {"x": errors.mean(axis=0, keepdims=True)}}, episodes, seed=0)["A"]["x"]
     )
     width = lambda ci: ci[1] - ci[0]  # noqa: E731
     assert width(seeds_and_samples) > 10 * width(samples_only)
@@ -189,9 +193,12 @@ def test_a_large_spread_between_seeds_widens_the_ci() -> None:
     assert seeds_and_samples[0] < errors.mean() < seeds_and_samples[1]
 
 
-def test_one_seed_gives_the_samples_ci_of_the_mean() -> None:
+def test_one_seed_and_one_episode_give_the_samples_ci_of_the_mean() -> None:
     values = np.random.default_rng(1).normal(2.0, 1.0, (1, 400))
-    lo, hi = percentile_ci(hierarchical_bootstrap({"A": {"x": values}}, seed=0, resamples=4000)["A"]["x"])
+    one_episode = np.zeros(400, dtype=int)
+    lo, hi = percentile_ci(
+        hierarchical_bootstrap({"A": {"x": values}}, one_episode, seed=0, resamples=4000)["A"]["x"]
+    )
     assert lo < values.mean() < hi
     assert hi - lo == pytest.approx(2 * 1.96 * values.std() / np.sqrt(400), rel=0.1)
 
@@ -199,18 +206,23 @@ def test_one_seed_gives_the_samples_ci_of_the_mean() -> None:
 def test_a_difference_of_exactly_zero_has_a_ci_containing_zero() -> None:
     rng = np.random.default_rng(2)
     one_seed = rng.normal(5, 2, (1, 100))
-    same = difference_summary({"position_mm": one_seed}, {"position_mm": one_seed.copy()}, seed=0)[
+    episodes = np.arange(100) // 10
+    same = difference_summary({"position_mm": one_seed}, {"position_mm": one_seed.copy()}, episodes, seed=0)[
         "position_mm"
     ]
     assert same["mean"] == 0 and same["ci95"] == [0.0, 0.0]
     seeds = 5 + rng.normal(0, 1, (3, 1)) + rng.normal(0, 2, (3, 100))
-    same = difference_summary({"position_mm": seeds}, {"position_mm": seeds.copy()}, seed=0)["position_mm"]
+    same = difference_summary({"position_mm": seeds}, {"position_mm": seeds.copy()}, episodes, seed=0)[
+        "position_mm"
+    ]
     assert same["mean"] == 0 and same["ci95"][0] < 0 < same["ci95"][1]
 
 
 def test_shared_samples_keep_a_paired_difference_exact() -> None:
-    a = np.random.default_rng(3).normal(10, 5, (1, 200))  # samples differ a lot ...
-    diff = difference_summary({"width_mm": a}, {"width_mm": a + 1.0}, seed=0)["width_mm"]
+    rng = np.random.default_rng(3)
+    episodes = np.arange(200) // 25
+    a = rng.normal(10, 5, (1, 200)) + rng.normal(0, 5, 8)[episodes]  # samples and episodes differ a lot ...
+    diff = difference_summary({"width_mm": a}, {"width_mm": a + 1.0}, episodes, seed=0)["width_mm"]
     assert diff["mean"] == pytest.approx(1.0) and diff["ci95"] == pytest.approx(
         [1.0, 1.0]
     )  # ... B is 1 worse on each
@@ -218,7 +230,11 @@ def test_shared_samples_keep_a_paired_difference_exact() -> None:
 
 def test_bootstrap_needs_the_same_samples_everywhere() -> None:
     with pytest.raises(ValueError, match="same samples"):
-        hierarchical_bootstrap({"A": {"x": np.zeros((1, 5))}, "B": {"x": np.zeros((1, 6))}}, seed=0)
+        hierarchical_bootstrap(
+            {"A": {"x": np.zeros((1, 5))}, "B": {"x": np.zeros((1, 6))}}, np.zeros(5), seed=0
+        )
+    with pytest.raises(ValueError, match="4 episode labels for 5 samples"):
+        hierarchical_bootstrap({"A": {"x": np.zeros((1, 5))}}, np.zeros(4), seed=0)
 
 
 def test_seeds_summary_names_the_best_baseline_per_component() -> None:
@@ -230,7 +246,7 @@ def test_seeds_summary_names_the_best_baseline_per_component() -> None:
         "hold_still": {"position_mm": rng.normal(12, 1, n), "width_mm": rng.normal(1.5, 0.2, n)},
         "constant_velocity": {"position_mm": rng.normal(4, 1, n), "width_mm": rng.normal(3, 0.2, n)},
     }
-    summary = seeds_summary(policy, ablation, baselines, seed=0)
+    summary = seeds_summary(policy, ablation, baselines, np.arange(n) // 20, seed=0)
     assert summary["position_mm"]["best_baseline"] == "constant_velocity"
     assert summary["width_mm"]["best_baseline"] == "hold_still"
     for c, best in (("position_mm", "constant_velocity"), ("width_mm", "hold_still")):
@@ -243,7 +259,80 @@ def test_seeds_summary_names_the_best_baseline_per_component() -> None:
     assert summary["position_mm"]["ratio_to_best_baseline"]["mean"] > 1  # worse than constant velocity
 
 
-def test_ci_scope_says_when_only_samples_are_covered() -> None:
-    assert ci_scope({"A": 1}) == "samples only (one seed)"
-    assert ci_scope({"A": 1, "B": 1}) == "samples only (one seed per side)"
-    assert ci_scope({"A": 3, "B": 1}) == "seeds and samples (A: 3 seeds, B: 1 seed)"
+def test_ci_scope_names_the_levels_it_covers() -> None:
+    assert ci_scope({"A": 1}, 7) == "episodes, then samples within them (one seed; 7 episodes)"
+    assert (
+        ci_scope({"A": 1, "B": 1}, 7) == "episodes, then samples within them (one seed per side; 7 episodes)"
+    )
+    assert (
+        ci_scope({"A": 3, "B": 1}, 7)
+        == "seeds, episodes, then samples within them (A: 3 seeds, B: 1 seed; 7 episodes)"
+    )
+    assert ci_scope({"A": 1}, 1) == "samples of the one episode only (one seed; 1 episode)"
+
+
+# --- episodes as the unit of the bootstrap -------------------------------------------------------
+
+
+def episodes_with_an_effect(rng, episodes=20, per_episode=30, between=1.0, within=1.0):
+    """(N,) values: an episode effect of standard deviation `between` plus sample noise `within`,
+    and (N,) each sample's episode."""
+    labels = np.repeat(np.arange(episodes), per_episode)
+    return rng.normal(0, between, episodes)[labels] + rng.normal(0, within, len(labels)), labels
+
+
+def ci_width(values, episodes, seed=0) -> float:
+    reps = hierarchical_bootstrap({"A": {"x": values[None]}}, episodes, seed, resamples=4000)["A"]["x"]
+    lo, hi = percentile_ci(reps)
+    return hi - lo
+
+
+def test_the_ci_over_episodes_matches_the_analytic_error_of_the_grand_mean() -> None:
+    # 20 episodes of 30 samples, between- and within-episode standard deviation 1: the grand mean
+    # varies by sqrt(1/20 + 1/600) = 0.227; samples taken as independent would claim sqrt(2/600) = 0.058.
+    analytic = 2 * 1.96 * np.sqrt(1 / 20 + 1 / 600)
+    episode_level, sample_level = [], []
+    for seed in range(5):
+        values, episodes = episodes_with_an_effect(np.random.default_rng(seed))
+        episode_level.append(ci_width(values, episodes))
+        sample_level.append(ci_width(values, np.arange(len(values))))  # every sample its own episode
+    assert np.mean(episode_level) == pytest.approx(analytic, rel=0.2)
+    assert np.mean(sample_level) < 0.4 * analytic
+
+
+def test_camera_gaps_resample_episodes_too() -> None:
+    values, episodes = episodes_with_an_effect(np.random.default_rng(7))
+    lo, hi = bootstrap_mean_ci(values, episodes, seed=0, resamples=4000)
+    lo_s, hi_s = bootstrap_mean_ci(values, np.arange(len(values)), seed=0, resamples=4000)
+    assert lo < values.mean() < hi and hi - lo > 2.5 * (hi_s - lo_s)
+
+
+def test_a_comparison_over_episodes_stays_paired() -> None:
+    rng = np.random.default_rng(8)
+    a, episodes = episodes_with_an_effect(rng, between=5.0)  # episodes differ a lot ...
+    shift = rng.normal(1.0, 0.1, 20)[episodes]  # ... B is about 1 worse in each
+    diff = difference_summary({"position_mm": a[None]}, {"position_mm": (a + shift)[None]}, episodes, seed=0)
+    lo, hi = diff["position_mm"]["ci95"]
+    # Paired, only the shift's spread between episodes counts: 2 * 1.96 * 0.1 / sqrt(20) = 0.088.
+    assert lo < 1.0 < hi and hi - lo == pytest.approx(2 * 1.96 * 0.1 / np.sqrt(20), rel=0.3)
+
+
+def test_a_replicate_is_the_mean_of_the_samples_of_its_drawn_episodes() -> None:
+    # One episode of 1 sample at 0, one of 99 at 1. Drawn twice, either episode gives its own value;
+    # both drawn give 99 ones and a zero.
+    values = np.concatenate([[0.0], np.ones(99)])
+    reps = hierarchical_bootstrap({"A": {"x": values[None]}}, np.array([0] + [1] * 99), seed=0)["A"]["x"]
+    assert set(np.round(reps, 12).tolist()) == {0.0, 0.99, 1.0}
+
+
+# --- moving and still samples --------------------------------------------------------------------
+
+
+def test_moving_samples_by_the_recorded_executed_motion() -> None:
+    recorded = np.zeros((4, 8, 10))
+    recorded[1, :, 0] = 0.002 * np.arange(1, 9)  # 2 mm a step: 8 mm after 4 executed steps
+    recorded[2, 4:, 0] = 0.05  # moves only after the executed steps
+    recorded[3, :, 9] = 0.0005 * np.arange(1, 9)  # the width opens 2 mm over the executed steps
+    moving = moving_samples(recorded, n_action_steps=4, position_mm=5.0, width_mm=1.0)
+    assert moving["position_mm"].tolist() == [False, True, False, False]
+    assert moving["width_mm"].tolist() == [False, False, False, True]

@@ -79,7 +79,7 @@ def test_the_stage_writes_the_report_with_the_best_baseline(stage, tmp_path: Pat
     out = capsys.readouterr().out
     assert (
         f"of the best baseline ({report['best_baseline']['position_mm']}" in out
-        and "CIs cover samples only" in out
+        and "CIs cover episodes, then samples within them (one seed; " in out
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import zarr
@@ -13,7 +14,14 @@ from policypipe.atomic import canonical_json
 from policypipe.dataset import layout
 from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.dataset.windows import WindowConfig, episode_bounds
-from policypipe.evaluation.evaluate import EvalConfig, compare_policies, comparison_table, evaluate, verdict
+from policypipe.evaluation.evaluate import (
+    EvalConfig,
+    compare_policies,
+    comparison_table,
+    evaluate,
+    moving_vs_still,
+    verdict,
+)
 from policypipe.policy.diffusion import DiffusionPolicy
 from tests.dataset.conftest import make_store
 from tests.training.conftest import MODEL
@@ -77,7 +85,13 @@ def test_every_component_has_a_ratio_to_its_best_baseline(setup) -> None:
         )
         ci = report["ratio_to_best_baseline_ci95"][c]
         assert ci["ci95_low"] <= report["ratio_to_best_baseline"][c] <= ci["ci95_high"]
-    assert report["ci_covers"] == "samples only (one seed)"
+    assert (
+        report["ci_covers"] == f"episodes, then samples within them (one seed; {report['episodes']} episodes)"
+    )
+    assert report["ci_method"].startswith("percentile bootstrap over seeds, then episodes, then samples")
+    for c in COMPONENTS:
+        ci = report["policy_executed_ci95"][c]
+        assert ci["ci95_low"] <= report["policy"][c]["executed"]["mean"] <= ci["ci95_high"]
     # The tiny store's motion is smooth: continuing it beats holding still on position.
     assert means_of(report, "constant_velocity") < means_of(report, "hold_still")
 
@@ -190,7 +204,11 @@ def test_compare_a_policy_with_itself_gives_zero_with_a_ci_around_zero(setup) ->
     for component in COMPONENTS:
         c = comparison["b_minus_a"][component]
         assert c["mean"] == 0 and c["ci95"][0] <= 0 <= c["ci95"][1]
-    assert comparison["b_minus_a_ci_covers"] == "samples only (one seed per side)"
+    episodes = comparison["episodes"]
+    assert comparison["b_minus_a_ci_covers"] == (
+        f"episodes, then samples within them (one seed per side; {episodes} episodes)"
+    )
+    assert "then episodes, then samples within the drawn episodes" in comparison["ci_method"]
     assert verdict("position_mm", comparison["b_minus_a"]["position_mm"]).startswith(
         "no clear difference on position"
     )
@@ -203,9 +221,15 @@ def test_compare_one_side_of_seeds_against_the_baselines(setup) -> None:
     other_seed.fit_normalizers(stats)
     alone = compare_policies([policy], None, store, stats, CONFIG)
     seeds = compare_policies([policy, other_seed.eval()], None, store, stats, CONFIG)
-    assert "b_minus_a" not in seeds and alone["sides"]["A"]["ci_covers"] == "samples only (one seed)"
+    episodes = alone["episodes"]
+    assert "b_minus_a" not in seeds
+    assert (
+        alone["sides"]["A"]["ci_covers"]
+        == f"episodes, then samples within them (one seed; {episodes} episodes)"
+    )
     side = seeds["sides"]["A"]
-    assert side["seeds"] == 2 and side["ci_covers"] == "seeds and samples (A: 2 seeds)"
+    assert side["seeds"] == 2
+    assert side["ci_covers"] == f"seeds, episodes, then samples within them (A: 2 seeds; {episodes} episodes)"
     report = evaluate(policy, store, stats, CONFIG)["report"]
     for c in COMPONENTS:
         entry = side["components"][c]
@@ -233,3 +257,56 @@ def test_compare_refuses_seeds_of_different_configurations(setup) -> None:
     other.fit_normalizers(stats)
     with pytest.raises(ValueError, match="side A have different configurations"):
         compare_policies([policy, other], None, store, stats, CONFIG)
+
+
+def test_moving_and_still_samples_are_summarised_apart() -> None:
+    # 4 episodes; the gripper is still in the first 6 samples, where holding still is nearly exact,
+    # and moves in the last 6, where continuing the motion is the best baseline.
+    episodes = np.array([0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3])
+    still = np.arange(12) < 6
+    errors = {
+        "policy": np.where(still, 1.0, 3.0),
+        "hold_still": np.where(still, 0.5, 10.0),
+        "constant_velocity": np.where(still, 2.0, 6.0),
+    }
+    executed = {name: {"width_mm": e} for name, e in errors.items()}
+    out = moving_vs_still(executed, {"width_mm": ~still}, episodes, EvalConfig(moving_width_mm=1.5))
+    width = out["width_mm"]
+    assert "1.5 mm" in width["rule"]
+    assert width["still"] | {"ratio_to_best_baseline_ci95": None} == {
+        "samples": 6,
+        "episodes": 3,
+        "policy": 1.0,
+        "baselines": {"hold_still": 0.5, "constant_velocity": 2.0},
+        "best_baseline": "hold_still",
+        "ratio_to_best_baseline": 2.0,
+        "ratio_to_best_baseline_ci95": None,
+    }
+    moving = width["moving"]
+    assert (moving["samples"], moving["episodes"], moving["best_baseline"]) == (6, 2, "constant_velocity")
+    assert moving["ratio_to_best_baseline"] == pytest.approx(0.5)
+    assert moving["ratio_to_best_baseline_ci95"] == pytest.approx({"ci95_low": 0.5, "ci95_high": 0.5})
+
+
+def test_no_still_sample_gives_counts_only() -> None:
+    executed = {"policy": {"width_mm": np.ones(4)}, "hold_still": {"width_mm": np.ones(4)}}
+    out = moving_vs_still(executed, {"width_mm": np.ones(4, dtype=bool)}, np.array([0, 0, 1, 1]), CONFIG)
+    assert out["width_mm"]["still"] == {"samples": 0, "episodes": 0}
+
+
+def test_report_splits_position_and_width_into_moving_and_still(setup) -> None:
+    store, stats, policy = setup
+    report = evaluate(policy, store, stats, CONFIG)["report"]
+    for c in ("position_mm", "width_mm"):
+        split = report["moving_vs_still"][c]
+        assert split["moving"]["samples"] + split["still"]["samples"] == report["samples"]
+        assert set(split) == {"rule", "moving", "still"}
+    # Everything counts as still above any motion: the split then repeats the headline.
+    everything_still = replace(CONFIG, moving_position_mm=1e9, moving_width_mm=1e9)
+    split = evaluate(policy, store, stats, everything_still)["report"]["moving_vs_still"]["position_mm"]
+    assert split["moving"] == {"samples": 0, "episodes": 0}
+    assert split["still"]["episodes"] == report["episodes"]
+    assert split["still"]["policy"] == pytest.approx(report["policy"]["position_mm"]["executed"]["mean"])
+    assert split["still"]["ratio_to_best_baseline"] == pytest.approx(
+        report["ratio_to_best_baseline"]["position_mm"]
+    )

@@ -1,5 +1,5 @@
 """Errors between action chunks, the no-learning baselines, and the statistics that summarise
-them (bootstrap confidence intervals over samples and seeds). Pure functions on arrays.
+them (bootstrap confidence intervals over seeds, episodes and samples). Pure functions on arrays.
 
 An action chunk is (N, H, 10): per horizon step, position (3, metres) and 6D rotation (6)
 relative to the current gripper pose, and the gripper width's change from the current width
@@ -61,12 +61,13 @@ def mean_pairwise_distance_mm(samples: np.ndarray, n_action_steps: int) -> float
 
 
 def bootstrap_mean_ci(
-    values: np.ndarray, seed: int, resamples: int = 2000, level: float = 0.95
+    values: np.ndarray, episodes: np.ndarray, seed: int, resamples: int = 2000, level: float = 0.95
 ) -> tuple[float, float]:
-    """Percentile bootstrap confidence interval of the mean of paired differences."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(values), size=(resamples, len(values)))
-    return percentile_ci(values[idx].mean(axis=1), level)
+    """Percentile bootstrap confidence interval of the mean of paired differences (N,), over the
+    episodes (N,) and the samples within them (`hierarchical_bootstrap`)."""
+    return percentile_ci(
+        hierarchical_bootstrap({"x": {"v": values[None]}}, episodes, seed, resamples)["x"]["v"], level
+    )
 
 
 def constant_velocity(
@@ -128,26 +129,54 @@ def foreign_episode_partners(episodes: np.ndarray, seed: int) -> np.ndarray:
     return partners
 
 
+CI_METHOD = (
+    "percentile bootstrap over seeds, then episodes, then samples within the drawn episodes; "
+    "the same draws for every quantity, so comparisons stay paired"
+)
+
+
+def episode_sample_weights(episodes: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """(R, N): how often each sample is drawn when a replicate draws the E episodes with
+    replacement, then, for each drawn copy of an episode, as many of its samples as it holds
+    with replacement.
+
+    Samples of one episode are correlated (one target, one trajectory, touching windows): the
+    episode, not the sample, is the unit that generalises, so it is the outer level.
+    """
+    labels, index = np.unique(np.asarray(episodes), return_inverse=True)
+    e = len(labels)
+    copies = rng.multinomial(e, np.full(e, 1 / e), size=resamples)  # (R, E)
+    weights = np.zeros((resamples, len(index)))
+    for label in range(e):
+        members = np.flatnonzero(index == label)
+        m = len(members)
+        # c copies draw m samples each: together one draw of c * m samples from the episode's m.
+        weights[:, members] = rng.multinomial(copies[:, label] * m, np.full(m, 1 / m))
+    return weights
+
+
 def hierarchical_bootstrap(
-    groups: dict[str, dict[str, np.ndarray]], seed: int, resamples: int = 2000
+    groups: dict[str, dict[str, np.ndarray]], episodes: np.ndarray, seed: int, resamples: int = 2000
 ) -> dict[str, dict[str, np.ndarray]]:
-    """Bootstrap replicates of grand means over seeds and samples: (R,) per quantity.
+    """Bootstrap replicates of grand means over seeds, episodes and samples: (R,) per quantity.
 
     `groups` maps a group (the seeds of one configuration, or the seed-free baselines) to its
-    quantities, each (S, N): S seeds (trained policies) by N samples. Each replicate draws the
-    seeds of every group with replacement (the quantities of one group share the draw, so a
-    policy stays paired with its own ablation), then the N samples with replacement, the same
-    samples for every quantity of every group (so comparisons stay paired). With S = 1 the seed
-    draw is the identity: the replicates cover sample-to-sample variation only.
+    quantities, each (S, N): S seeds (trained policies) by N samples; `episodes` (N,) is each
+    sample's episode. Each replicate draws the seeds of every group with replacement (the
+    quantities of one group share the draw, so a policy stays paired with its own ablation), then
+    the episodes and the samples within them (`episode_sample_weights`), the same draw for every
+    quantity of every group (so comparisons stay paired); a replicate is the mean over the drawn
+    seeds and samples. With S = 1 the seed draw is the identity, with one episode the episode draw.
     """
     sizes = {x.shape[1] for quantities in groups.values() for x in quantities.values()}
     if len(sizes) != 1:
         raise ValueError(f"every quantity must cover the same samples, got sample counts {sorted(sizes)}")
     (n,) = sizes
+    if len(episodes) != n:
+        raise ValueError(f"{len(episodes)} episode labels for {n} samples")
     rng = np.random.default_rng(seed)
-    sample_counts = rng.multinomial(
-        n, np.full(n, 1 / n), size=resamples
-    )  # (R, N): how often each sample is drawn
+    sample_weights = episode_sample_weights(episodes, rng, resamples)  # (R, N)
+    drawn = sample_weights.sum(axis=1)  # (R,): samples in each replicate (episodes differ in size)
     out = {}
     for name in sorted(groups):
         seeds = {x.shape[0] for x in groups[name].values()}
@@ -158,7 +187,7 @@ def hierarchical_bootstrap(
         (s,) = seeds
         seed_counts = rng.multinomial(s, np.full(s, 1 / s), size=resamples)  # (R, S)
         out[name] = {
-            q: np.einsum("rs,sn,rn->r", seed_counts, x, sample_counts) / (s * n)
+            q: np.einsum("rs,sn,rn->r", seed_counts, x, sample_weights) / (s * drawn)
             for q, x in groups[name].items()
         }
     return out
@@ -175,15 +204,16 @@ def best_baseline(executed_means: dict[str, float]) -> str:
     return min(sorted(executed_means), key=lambda name: executed_means[name])
 
 
-def ci_scope(seeds: dict[str, int]) -> str:
-    """What a bootstrap CI over these groups' seeds covers, in words for the report."""
+def ci_scope(seeds: dict[str, int], episodes: int) -> str:
+    """What a bootstrap CI over these groups' seeds and `episodes` episodes covers, in words for
+    the report."""
+    levels = "episodes, then samples within them" if episodes > 1 else "samples of the one episode only"
     if all(s == 1 for s in seeds.values()):
-        return "samples only (one seed" + (" per side)" if len(seeds) > 1 else ")")
-    return (
-        "seeds and samples ("
-        + ", ".join(f"{name}: {s} seed{'s' * (s > 1)}" for name, s in seeds.items())
-        + ")"
-    )
+        counts = "one seed" + (" per side" if len(seeds) > 1 else "")
+    else:
+        levels = "seeds, " + levels
+        counts = ", ".join(f"{name}: {s} seed{'s' * (s > 1)}" for name, s in seeds.items())
+    return f"{levels} ({counts}; {episodes} episode{'s' * (episodes > 1)})"
 
 
 def _mean_ci(replicates: np.ndarray, mean: float) -> dict[str, Any]:
@@ -194,14 +224,17 @@ def seeds_summary(
     policy: dict[str, np.ndarray],
     ablation: dict[str, np.ndarray] | None,
     baselines: dict[str, dict[str, np.ndarray]],
+    episodes: np.ndarray,
     seed: int,
     resamples: int = 2000,
 ) -> dict[str, Any]:
     """Per component: the policy's error, each baseline's, the ratio to the best baseline and the
-    camera ablation gap (ablation - policy), each as a mean with a 95% CI over seeds and samples.
+    camera ablation gap (ablation - policy), each as a mean with a 95% CI over seeds, episodes and
+    samples (`hierarchical_bootstrap`).
 
     policy and ablation map a component to (S, N) executed errors (S seeds, the same N samples,
-    the ablation of seed s from policy s); baselines map a name to {component: (N,)}. The best
+    the ablation of seed s from policy s); baselines map a name to {component: (N,)}; episodes
+    (N,) is each sample's episode. The best
     baseline of a component is the one with the lowest mean, named in the result.
     """
     floor = 1e-12  # a baseline with zero error (e.g. a width that never changes) gives a huge ratio, not inf
@@ -211,7 +244,7 @@ def seeds_summary(
     }
     if ablation is not None:
         groups["policy"].update({f"ablation/{c}": x for c, x in ablation.items()})
-    reps = hierarchical_bootstrap(groups, seed, resamples)
+    reps = hierarchical_bootstrap(groups, episodes, seed, resamples)
     out: dict[str, Any] = {}
     for c, x in policy.items():
         base_means = {b: float(errs[c].mean()) for b, errs in baselines.items()}
@@ -232,9 +265,30 @@ def seeds_summary(
 
 
 def difference_summary(
-    a: dict[str, np.ndarray], b: dict[str, np.ndarray], seed: int, resamples: int = 2000
+    a: dict[str, np.ndarray],
+    b: dict[str, np.ndarray],
+    episodes: np.ndarray,
+    seed: int,
+    resamples: int = 2000,
 ) -> dict[str, Any]:
     """Per component, B - A of the mean error with a 95% CI over both sides' seeds and the shared
-    samples; a and b map a component to (S_a, N) and (S_b, N) errors on the same N samples."""
-    reps = hierarchical_bootstrap({"A": a, "B": b}, seed, resamples)
+    episodes and samples; a and b map a component to (S_a, N) and (S_b, N) errors on the same N
+    samples, of the episodes (N,)."""
+    reps = hierarchical_bootstrap({"A": a, "B": b}, episodes, seed, resamples)
     return {c: _mean_ci(reps["B"][c] - reps["A"][c], b[c].mean() - a[c].mean()) for c in a}
+
+
+def moving_samples(
+    recorded: np.ndarray, n_action_steps: int, position_mm: float, width_mm: float
+) -> dict[str, np.ndarray]:
+    """(N,) bool per component: where the recorded gripper moves over the executed steps.
+
+    Position: the recorded position leaves the current one by more than `position_mm` at some
+    executed step; width: the recorded width changes by more than `width_mm` from the current
+    one at some executed step. Where it does not, holding still is nearly exact, and a mean over
+    all samples mixes the two regimes.
+    """
+    executed = recorded[:, :n_action_steps]
+    displacement = 1000 * np.linalg.norm(executed[..., :3], axis=-1).max(axis=1)
+    width_change = 1000 * np.abs(executed[..., 9]).max(axis=1)
+    return {"position_mm": displacement > position_mm, "width_mm": width_change > width_mm}

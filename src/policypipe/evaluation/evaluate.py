@@ -7,7 +7,12 @@ compared with the recorded future. Baselines on the same samples, none of them l
 velocity" (the last observed motion continued); every policy error is also a ratio to the best
 of them. Camera ablations: the policy fed the frames of a sample from another validation episode
 (in-distribution images that do not belong to the pose), and a constant image. The spread of
-several samples for one observation measures multimodality.
+several samples for one observation measures multimodality. Position and width errors are also
+reported apart where the recorded gripper moves and where it is still (`moving_samples`).
+
+Every 95% CI resamples episodes, then samples within them (and seeds first, in `compare`): the
+samples of one episode share its target and trajectory, so the episode is the unit that
+generalises.
 
 Only data errors (an unreadable episode, in `collect_samples`) are skipped and counted; any other
 exception propagates: a bug must fail the evaluation, not shrink it.
@@ -25,6 +30,7 @@ import torch
 
 from policypipe.dataset.windows import WindowConfig
 from policypipe.evaluation.errors import (
+    CI_METHOD,
     bootstrap_mean_ci,
     chunk_errors,
     ci_scope,
@@ -33,6 +39,7 @@ from policypipe.evaluation.errors import (
     foreign_episode_partners,
     hold_still,
     mean_pairwise_distance_mm,
+    moving_samples,
     seeds_summary,
     summarize,
 )
@@ -61,6 +68,10 @@ class EvalConfig:
     plot_episodes: int = 3
     # Bootstrap resamples behind every 95% confidence interval.
     bootstrap_resamples: int = 2000
+    # A sample is "moving" in position if the recorded position leaves the current one by more than
+    # this at some executed step, in width if the recorded width changes by more than this.
+    moving_position_mm: float = 5.0
+    moving_width_mm: float = 1.0
 
     def __post_init__(self) -> None:
         if self.stride < 1 or self.batch_size < 1 or self.spread_samples < 2 or self.spread_observations < 1:
@@ -69,6 +80,8 @@ class EvalConfig:
             raise ValueError(
                 f"bootstrap_resamples must be >= 100 for a 95% interval, got {self.bootstrap_resamples}"
             )
+        if self.moving_position_mm < 0 or self.moving_width_mm < 0:
+            raise ValueError("moving_position_mm and moving_width_mm must be >= 0")
 
 
 @torch.no_grad()
@@ -192,6 +205,7 @@ def evaluate(
         {c: executed["policy"][c][None] for c in COMPONENTS},
         {c: executed[ABLATION_OTHER_EPISODES][c][None] for c in COMPONENTS} if other is not None else None,
         {b: executed[b] for b in baselines},
+        samples.episodes,
         config.seed,
         config.bootstrap_resamples,
     )
@@ -201,22 +215,72 @@ def evaluate(
     report["ratio_to_best_baseline_ci95"] = {
         c: _low_high(summary[c]["ratio_to_best_baseline"]["ci95"]) for c in COMPONENTS
     }
-    report["ci_covers"] = ci_scope({"policy": 1})
+    report["policy_executed_ci95"] = {c: _low_high(summary[c]["policy"]["ci95"]) for c in COMPONENTS}
+    report["ci_method"] = CI_METHOD
+    report["ci_covers"] = ci_scope({"policy": 1}, report["episodes"])
     # The other-episodes gap as `policypipe compare` reports it (same bootstrap); the constant
-    # image, which compare leaves out, by a paired bootstrap over the samples.
+    # image, which compare leaves out, by a paired bootstrap over the episodes and samples.
     gaps = {}
     if other is not None:
         gap = summary["position_mm"]["camera_ablation_gap"]
         gaps["other_episodes"] = {"mean": gap["mean"]} | _low_high(gap["ci95"])
     constant_gap = executed[ABLATION_CONSTANT_IMAGE]["position_mm"] - executed["policy"]["position_mm"]
     gaps["constant_image"] = {"mean": float(constant_gap.mean())} | _low_high(
-        bootstrap_mean_ci(constant_gap, config.seed, config.bootstrap_resamples)
+        bootstrap_mean_ci(constant_gap, samples.episodes, config.seed, config.bootstrap_resamples)
     )
     report["camera_ablation_gap_position_mm"] = gaps
+    report["moving_vs_still"] = moving_vs_still(
+        {name: executed[name] for name in ("policy", *baselines)},
+        moving_samples(recorded, pc.n_action_steps, config.moving_position_mm, config.moving_width_mm),
+        samples.episodes,
+        config,
+    )
     report["spread_mm"] = _spread(policy, samples, config)
     report["omitted"] = omitted
     report["skipped"] = samples.skipped
     return {"report": report, "per_step_position_mm": per_step, "samples": samples, "chunks": chunks}
+
+
+def moving_vs_still(
+    executed: dict[str, dict[str, np.ndarray]],
+    moving: dict[str, np.ndarray],
+    episodes: np.ndarray,
+    config: EvalConfig,
+) -> dict[str, Any]:
+    """Per component of `moving` and for its moving and its still samples: their number and
+    episodes, the executed error of the policy and of each baseline, the best baseline and the
+    policy's ratio to it with a 95% CI (as the headline). `executed` maps "policy" and each
+    baseline to {component: (N,)}."""
+    rules = {
+        "position_mm": f"moving: the recorded position leaves the current one by more than "
+        f"{config.moving_position_mm} mm at some executed step",
+        "width_mm": f"moving: the recorded width changes by more than {config.moving_width_mm} mm "
+        "from the current one at some executed step",
+    }
+    baselines = [name for name in executed if name != "policy"]
+    out: dict[str, Any] = {}
+    for c, is_moving in moving.items():
+        out[c] = {"rule": rules[c]}
+        for state, mask in (("moving", is_moving), ("still", ~is_moving)):
+            entry: dict[str, Any] = {"samples": int(mask.sum()), "episodes": len(np.unique(episodes[mask]))}
+            if mask.any():
+                summary = seeds_summary(
+                    {c: executed["policy"][c][mask][None]},
+                    None,
+                    {b: {c: executed[b][c][mask]} for b in baselines},
+                    episodes[mask],
+                    config.seed,
+                    config.bootstrap_resamples,
+                )[c]
+                entry["policy"] = summary["policy"]["mean"]
+                entry["baselines"] = {b: v["mean"] for b, v in summary["baselines"].items()}
+                if "best_baseline" in summary:
+                    ratio = summary["ratio_to_best_baseline"]
+                    entry["best_baseline"] = summary["best_baseline"]
+                    entry["ratio_to_best_baseline"] = ratio["mean"]
+                    entry["ratio_to_best_baseline_ci95"] = _low_high(ratio["ci95"])
+            out[c][state] = entry
+    return out
 
 
 def _low_high(ci: tuple[float, float] | list[float]) -> dict[str, float]:
@@ -249,8 +313,9 @@ def compare_policies(
 
     Per side and component: the policy's executed error, each baseline's, the ratio to the best
     baseline and the in-distribution camera ablation gap; with B, the difference B - A. Every
-    value has a 95% CI from a two-level bootstrap (seeds, then samples shared by all quantities),
-    so it includes seed-to-seed variation when a side has more than one seed.
+    value has a 95% CI from a bootstrap over seeds, then episodes, then samples within them (the
+    episodes and samples shared by all quantities), so it includes seed-to-seed variation when a
+    side has more than one seed.
     """
     if not side_a:
         raise ValueError("side A needs at least one policy")
@@ -294,6 +359,7 @@ def compare_policies(
         "skipped_episodes": len(samples.skipped),
         "n_action_steps": window.n_action_steps,
         "bootstrap_resamples": config.bootstrap_resamples,
+        "ci_method": CI_METHOD,
         "omitted": omitted,
         "sides": {},
     }
@@ -303,16 +369,23 @@ def compare_policies(
         ablation = stacked(side, other) if other is not None else None
         result["sides"][name] = {
             "seeds": len(side),
-            "ci_covers": ci_scope({name: len(side)}),
+            "ci_covers": ci_scope({name: len(side)}, result["episodes"]),
             "components": seeds_summary(
-                errors[name], ablation, baseline_errors, config.seed, config.bootstrap_resamples
+                errors[name],
+                ablation,
+                baseline_errors,
+                samples.episodes,
+                config.seed,
+                config.bootstrap_resamples,
             ),
         }
     if "B" in sides:
         result["b_minus_a"] = difference_summary(
-            errors["A"], errors["B"], config.seed, config.bootstrap_resamples
+            errors["A"], errors["B"], samples.episodes, config.seed, config.bootstrap_resamples
         )
-        result["b_minus_a_ci_covers"] = ci_scope({name: len(side) for name, side in sides.items()})
+        result["b_minus_a_ci_covers"] = ci_scope(
+            {name: len(side) for name, side in sides.items()}, result["episodes"]
+        )
     return result
 
 
@@ -332,7 +405,8 @@ def comparison_table(result: dict[str, Any]) -> list[str]:
     lines = [
         f"{result['samples']} samples of {result['episodes']} validation episodes, error over the first "
         f"{result['n_action_steps']} (executed) steps; [95% CI], "
-        f"{result['bootstrap_resamples']} bootstrap resamples"
+        f"{result['bootstrap_resamples']} bootstrap resamples",
+        f"  CIs: {result['ci_method']}",
     ]
     lines += [f"  {name} omitted: {why}" for name, why in result["omitted"].items()]
     for name, side in result["sides"].items():
