@@ -68,6 +68,11 @@ def main() -> None:
             policy.config.n_action_steps,
             config.plot_episodes,
         )
+    # Host-dependent, so here rather than in the metrics, whose bytes depend on the inputs only.
+    costs = result["baseline_cost_s"]
+    run.details["baseline_cost_s"] = {
+        name: {step: round(s, 3) for step, s in cost.items()} for name, cost in costs.items()
+    }
     run.inputs[args.policy.as_posix()] = sha256_path(args.policy)
     # As recorded by stats (and checked there): eval reads the dataset that stats describes.
     run.inputs[args.dataset.as_posix() + "#fingerprint"] = stats["dataset_fingerprint"]["sha256"]
@@ -92,6 +97,8 @@ def main() -> None:
         f"{r['skipped_episodes']} episodes skipped; CIs cover {r['ci_covers']}; "
         f"{time.monotonic() - started:.0f} s"
     )
+    for name, cost in result["baseline_cost_s"].items():
+        print(f"{name}: built in {cost['build_s']:.1f} s, predicted in {cost['predict_s']:.1f} s")
     for name, why in r["omitted"].items():
         print(f"note: {name} omitted: {why}")
 

@@ -174,6 +174,7 @@ def test_compare_one_seed_alone_against_the_baselines_says_what_the_ci_covers(
         "hold_still",
         "mean_motion",
         "constant_velocity",
+        "nearest_neighbour",
         "ratio to best baseline",
         "camera ablation gap",
     ):
@@ -185,6 +186,7 @@ def test_compare_one_seed_alone_against_the_baselines_says_what_the_ci_covers(
         "hold_still",
         "mean_motion",
         "constant_velocity",
+        "nearest_neighbour",
     }
 
 

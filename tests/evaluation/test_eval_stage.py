@@ -81,6 +81,11 @@ def test_the_stage_writes_the_report_with_the_best_baseline(stage, tmp_path: Pat
         f"of the best baseline ({report['best_baseline']['position_mm']}" in out
         and "CIs cover episodes, then samples within them (one seed; " in out
     )
+    # The nearest-neighbour baseline's cost: seconds, so in the provenance record, not the metrics.
+    assert report["nearest_neighbour"]["position_mm"]["executed"]["mean"] > 0
+    cost = json.loads((tmp_path / "provenance.json").read_text())["details"]["baseline_cost_s"]
+    assert set(cost["nearest_neighbour"]) == {"build_s", "predict_s"}
+    assert "nearest_neighbour: built in" in out
 
 
 def test_a_policy_that_raises_fails_the_stage_and_writes_no_metrics(

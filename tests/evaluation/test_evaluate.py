@@ -45,10 +45,12 @@ ENTRIES = (
     "hold_still",
     "mean_motion",
     "constant_velocity",
+    "nearest_neighbour",
     "camera_ablation_other_episodes",
     "camera_ablation_constant_image",
 )
 COMPONENTS = ("position_mm", "rotation_deg", "width_mm")
+BASELINE_NAMES = ("hold_still", "mean_motion", "constant_velocity", "nearest_neighbour")
 
 
 def test_report_has_errors_baselines_ratios_ablations_and_spread(setup) -> None:
@@ -64,7 +66,7 @@ def test_report_has_errors_baselines_ratios_ablations_and_spread(setup) -> None:
                 "median",
                 "p90",
             }
-    for baseline in ("hold_still", "mean_motion", "constant_velocity"):
+    for baseline in BASELINE_NAMES:
         ratio = report[f"ratio_to_{baseline}"]["position_mm"]
         assert ratio == pytest.approx(means_of(report, "policy") / means_of(report, baseline))
     assert set(result["per_step_position_mm"][0]) == {"step", *ENTRIES}
@@ -75,9 +77,7 @@ def test_every_component_has_a_ratio_to_its_best_baseline(setup) -> None:
     store, stats, policy = setup
     report = evaluate(policy, store, stats, CONFIG)["report"]
     for c in COMPONENTS:
-        means = {
-            b: report[b][c]["executed"]["mean"] for b in ("hold_still", "mean_motion", "constant_velocity")
-        }
+        means = {b: report[b][c]["executed"]["mean"] for b in BASELINE_NAMES}
         best = min(means, key=means.get)
         assert report["best_baseline"][c] == best
         assert report["ratio_to_best_baseline"][c] == pytest.approx(
@@ -152,7 +152,9 @@ def test_one_observation_step_omits_constant_velocity_and_says_why(tmp_path: Pat
     policy.fit_normalizers(stats)
     report = evaluate(policy, tmp_path / "ds.zarr", stats, CONFIG)["report"]
     assert "constant_velocity" not in report and "n_obs_steps >= 2" in report["omitted"]["constant_velocity"]
-    assert set(report["best_baseline"].values()) <= {"hold_still", "mean_motion"}
+    # The nearest neighbour needs no motion: with one step it compares widths and frames.
+    assert report["nearest_neighbour"]["position_mm"]["executed"]["mean"] > 0
+    assert set(report["best_baseline"].values()) <= {"hold_still", "mean_motion", "nearest_neighbour"}
 
 
 def test_a_policy_that_raises_fails_the_evaluation(setup, monkeypatch) -> None:
@@ -240,7 +242,7 @@ def test_compare_one_side_of_seeds_against_the_baselines(setup) -> None:
             "ratio_to_best_baseline",
             "camera_ablation_gap",
         }
-        assert set(entry["baselines"]) == {"hold_still", "mean_motion", "constant_velocity"}
+        assert set(entry["baselines"]) == set(BASELINE_NAMES)
         # One seed alone: the same numbers as the eval stage's.
         one = alone["sides"]["A"]["components"][c]
         assert one["policy"]["mean"] == pytest.approx(report["policy"][c]["executed"]["mean"])

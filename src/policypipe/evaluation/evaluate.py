@@ -3,8 +3,9 @@
 At evenly spaced timesteps of the validation episodes (the split from `stats`) the recorded
 observations go to the policy (EMA weights, DDIM, seeded noise) and its action chunk is
 compared with the recorded future. Baselines on the same samples, none of them learned:
-"hold still", "mean motion" (the training episodes' mean relative trajectory) and "constant
-velocity" (the last observed motion continued); every policy error is also a ratio to the best
+"hold still", "mean motion" (the training episodes' mean relative trajectory), "constant
+velocity" (the last observed motion continued) and "nearest neighbour" (the mean chunk of the
+nearest training windows, `nearest_neighbour`); every policy error is also a ratio to the best
 of them. Camera ablations: the policy fed the frames of a sample from another validation episode
 (in-distribution images that do not belong to the pose), and a constant image. The spread of
 several samples for one observation measures multimodality. Position and width errors are also
@@ -43,13 +44,14 @@ from policypipe.evaluation.errors import (
     seeds_summary,
     summarize,
 )
+from policypipe.evaluation.nearest_neighbour import NearestNeighbourConfig, nearest_neighbour_chunks
 from policypipe.evaluation.samples import Samples, collect_samples, mean_motion
 from policypipe.policy.diffusion import DiffusionPolicy
 
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("position_mm", "rotation_deg", "width_mm")
-BASELINES = ("hold_still", "mean_motion", "constant_velocity")
+BASELINES = ("hold_still", "mean_motion", "constant_velocity", "nearest_neighbour")
 ABLATION_OTHER_EPISODES = "camera_ablation_other_episodes"
 ABLATION_CONSTANT_IMAGE = "camera_ablation_constant_image"
 
@@ -72,8 +74,19 @@ class EvalConfig:
     # this at some executed step, in width if the recorded width changes by more than this.
     moving_position_mm: float = 5.0
     moving_width_mm: float = 1.0
+    # The nearest-neighbour baseline (`nearest_neighbour`): the mean chunk of the nn_k nearest
+    # training windows, by the previous poses, the widths and the current frame at nn_image_size
+    # pixels square, weighted per block; every nn_train_stride-th training anchor. Chosen once on
+    # the demo's validation samples (docs/evaluation.md), not tuned per run.
+    nn_k: int = 8
+    nn_pose_weight: float = 0.5
+    nn_width_weight: float = 2.0
+    nn_pixel_weight: float = 1.0
+    nn_image_size: int = 12
+    nn_train_stride: int = 1
 
     def __post_init__(self) -> None:
+        self.nearest_neighbour()  # its checks, before any work
         if self.stride < 1 or self.batch_size < 1 or self.spread_samples < 2 or self.spread_observations < 1:
             raise ValueError("stride, batch_size, spread_observations must be >= 1 and spread_samples >= 2")
         if self.bootstrap_resamples < 100:
@@ -82,6 +95,10 @@ class EvalConfig:
             )
         if self.moving_position_mm < 0 or self.moving_width_mm < 0:
             raise ValueError("moving_position_mm and moving_width_mm must be >= 0")
+
+    def nearest_neighbour(self) -> NearestNeighbourConfig:
+        weights = {"pose": self.nn_pose_weight, "width": self.nn_width_weight, "pixels": self.nn_pixel_weight}
+        return NearestNeighbourConfig(self.nn_k, weights, self.nn_image_size, self.nn_train_stride)
 
 
 @torch.no_grad()
@@ -107,9 +124,10 @@ def training_width_range(stats: dict[str, Any]) -> tuple[float, float] | None:
 
 
 def baseline_chunks(
-    samples: Samples, store: Path, stats: dict[str, Any], window: WindowConfig
-) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The baselines' chunks (N, T, 10) on the samples, and {name: why} for those that cannot be made."""
+    samples: Samples, store: Path, stats: dict[str, Any], window: WindowConfig, config: EvalConfig
+) -> tuple[dict[str, np.ndarray], dict[str, str], dict[str, dict[str, float]]]:
+    """The baselines' chunks (N, T, 10) on the samples, {name: why} for those that cannot be made,
+    and {name: {step: seconds}} for those that cost more than arithmetic."""
     obs_pose, obs_width = (
         samples.batch["obs_pose"].double().numpy(),
         samples.batch["obs_width"].double().numpy(),
@@ -129,7 +147,12 @@ def baseline_chunks(
         chunks["constant_velocity"] = constant_velocity(obs_pose, obs_width, window.horizon, width_range)
     else:
         omitted["constant_velocity"] = "needs n_obs_steps >= 2 to see a motion; the policy observes 1 step"
-    return chunks, omitted
+    current_frames = samples.batch["obs_images"][:, -1].numpy()
+    nn = config.nearest_neighbour()
+    chunks["nearest_neighbour"], nn_cost = nearest_neighbour_chunks(
+        store, stats["split"]["train"], window, obs_pose, obs_width, current_frames, nn
+    )
+    return chunks, omitted, {"nearest_neighbour": nn_cost}
 
 
 def other_episode_images(samples: Samples, seed: int) -> torch.Tensor | None:
@@ -163,7 +186,7 @@ def evaluate(
     log.info("evaluating on %d samples of %d validation episodes", len(samples), len(stats["split"]["val"]))
 
     chunks = {"policy": predict(policy, samples.batch, config.batch_size, config.seed)}
-    baselines, omitted = baseline_chunks(samples, store, stats, window)
+    baselines, omitted, baseline_cost_s = baseline_chunks(samples, store, stats, window, config)
     chunks |= baselines
     other = other_episode_images(samples, config.seed)
     if other is None:
@@ -238,7 +261,14 @@ def evaluate(
     report["spread_mm"] = _spread(policy, samples, config)
     report["omitted"] = omitted
     report["skipped"] = samples.skipped
-    return {"report": report, "per_step_position_mm": per_step, "samples": samples, "chunks": chunks}
+    # Seconds differ from run to run: kept out of the report, whose bytes depend on the inputs only.
+    return {
+        "report": report,
+        "per_step_position_mm": per_step,
+        "samples": samples,
+        "chunks": chunks,
+        "baseline_cost_s": baseline_cost_s,
+    }
 
 
 def moving_vs_still(
@@ -335,7 +365,7 @@ def compare_policies(
     window = WindowConfig(first.n_obs_steps, first.horizon, min(p.config.n_action_steps for p in policies))
     samples = collect_samples(store, stats["split"]["val"], window, config.stride)
     recorded = samples.batch["action"].double().numpy()
-    baselines, omitted = baseline_chunks(samples, store, stats, window)
+    baselines, omitted, _ = baseline_chunks(samples, store, stats, window, config)
     baseline_errors = {
         b: executed_errors(chunk, recorded, window.n_action_steps) for b, chunk in baselines.items()
     }

@@ -18,15 +18,17 @@ LABELS = {
     "camera_ablation_other_episodes": "policy, frames of another episode",
     "camera_ablation_constant_image": "policy, constant image",
     "constant_velocity": "constant velocity",
+    "nearest_neighbour": "nearest neighbour",
     "mean_motion": "mean motion",
     "hold_still": "hold still",
 }
 # Drawn over the recorded paths: the policy, what it does without its own frames, and the best
-# simple guess (colour, line style).
+# simple guesses, one continuing the motion, one copying the nearest training windows (colour, line style).
 PATHS = {
     "policy": ("tab:blue", "-"),
     "camera_ablation_other_episodes": ("tab:red", "-"),
     "constant_velocity": ("tab:green", "--"),
+    "nearest_neighbour": ("tab:purple", ":"),
 }
 
 
