@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import as_in_a_terminal, sampled_checkout, set_params
-from tests.workspace import env, run
+from tests.workspace import SMALL_MODEL, env, run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -156,14 +156,7 @@ def test_two_processes_in_one_job_form_one_process_group_like_a_local_launch(
     nodes differ only in MASTER_ADDR being the first of them)."""
     # The unit tests' tiny model (on this repo's 96x96 frames): what is compared is the launch, and
     # two launches of the demo's size spent most of this test's time in the U-Net.
-    tiny = {
-        "encoder_widths": [16, 32],
-        "image_feature_dim": 16,
-        "num_keypoints": 8,
-        "down_dims": [16, 32],
-        "diffusion_step_embed_dim": 16,
-        "num_inference_steps": 4,
-    }
+    tiny = {k: v for k, v in SMALL_MODEL.items() if k not in ("image_size", "crop_size")}
     two = {"steps": 12, "num_processes": 2, "cpu_threads": 1, "num_workers": 0, "model": tiny}
     # The cancelled run of the test before is unfinished, and another setup: training would refuse
     # to replace it, as it says. Started fresh here, as its message asks.

@@ -30,20 +30,29 @@ def store(tmp_path: Path) -> Path:
     return tmp_path / "ds.zarr"
 
 
-def run(store: Path, observed: list[int], k: int, weights=EQUAL) -> tuple[np.ndarray, np.ndarray]:
-    """(the baseline's chunks, the recorded chunks) on every anchor of the `observed` episodes."""
-    samples = collect_samples(store, observed, WINDOW, stride=1)
-    b = samples.batch
-    chunks, _ = nearest_neighbour_chunks(
+def baseline_on(
+    store: Path, observed: list[int], config: NearestNeighbourConfig
+) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """(the baseline's chunks, the recorded chunks, its cost) on every anchor of the `observed` episodes."""
+    b = collect_samples(store, observed, WINDOW, stride=1).batch
+    chunks, cost = nearest_neighbour_chunks(
         store,
         TRAIN,
         WINDOW,
         b["obs_pose"].double().numpy(),
         b["obs_width"].double().numpy(),
         b["obs_images"][:, -1].numpy(),
-        NearestNeighbourConfig(k, weights, image_size=4, train_stride=1),
+        config,
     )
-    return chunks, b["action"].double().numpy()
+    return chunks, b["action"].double().numpy(), cost
+
+
+def run(store: Path, observed: list[int], k: int, weights=EQUAL) -> tuple[np.ndarray, np.ndarray]:
+    """(the baseline's chunks, the recorded chunks) on every anchor of the `observed` episodes."""
+    chunks, recorded, _ = baseline_on(
+        store, observed, NearestNeighbourConfig(k, weights, image_size=4, train_stride=1)
+    )
+    return chunks, recorded
 
 
 def test_an_observation_seen_in_training_gets_exactly_its_chunk_with_k_1(store: Path) -> None:
@@ -99,17 +108,7 @@ def test_same_inputs_give_the_same_bytes_and_the_cost_in_seconds(store: Path) ->
     first, _ = run(store, [3], k=4)
     again, _ = run(store, [3], k=4)
     assert first.tobytes() == again.tobytes()
-    samples = collect_samples(store, [3], WINDOW, stride=1)
-    b = samples.batch
-    _, cost = nearest_neighbour_chunks(
-        store,
-        TRAIN,
-        WINDOW,
-        b["obs_pose"].double().numpy(),
-        b["obs_width"].double().numpy(),
-        b["obs_images"][:, -1].numpy(),
-        NearestNeighbourConfig(4, EQUAL, 4, 2),
-    )
+    _, _, cost = baseline_on(store, [3], NearestNeighbourConfig(4, EQUAL, 4, 2))
     assert set(cost) == {"build_s", "predict_s"} and all(s >= 0 for s in cost.values())
 
 
