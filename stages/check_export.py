@@ -17,7 +17,7 @@ from pathlib import Path
 from common import fail
 
 from policypipe.atomic import write_json_atomic
-from policypipe.recordings.export_check import export_content, export_hazards, unversioned_change
+from policypipe.recordings.export_check import ExportListing, unversioned_change
 
 
 def main() -> None:
@@ -40,7 +40,8 @@ def main() -> None:
             "(or run `make demo` for sample data)"
         )
     try:
-        hazards = export_hazards(args.export)
+        listing = ExportListing.of(args.export)  # one walk, for every question below
+        hazards = listing.hazards()
     except PermissionError as exc:
         fail(f"{exc}; give this user read and execute permission on it (chmod a+rx)")
     if hazards:
@@ -52,8 +53,8 @@ def main() -> None:
             f"Move or fix them, then run dvc repro again; `policypipe pair {args.export} -v` checks the "
             "whole export"
         )
-    content = export_content(args.export, args.cache)
-    if unversioned := unversioned_change(args.export, args.export.with_name(args.export.name + ".dvc")):
+    content = listing.content(args.cache)
+    if unversioned := unversioned_change(listing, args.export.with_name(args.export.name + ".dvc")):
         print(f"warning: {unversioned}", file=sys.stderr)
     # Deterministic: the same files give the same bytes, so DVC reruns pair only when they change.
     write_json_atomic(

@@ -12,19 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policypipe.recordings.export_check import (
-    export_content,
-    export_hazards,
-    tracked_files,
-    unversioned_change,
-)
+from policypipe.recordings.export_check import ExportListing, unversioned_change
 from policypipe.recordings.pairing import PairConfig, pair_export
 from tests.conftest import write_triplet
 from tests.workspace import checkout_copy, env, run
 
 
 def hazards(export: Path) -> dict[str, str]:
-    return {h.path: h.reason.value for h in export_hazards(export)}
+    return {h.path: h.reason.value for h in ExportListing.of(export).hazards()}
 
 
 def test_a_pipe_a_link_loop_a_dangling_link_and_a_name_not_utf8_are_hazards(export: Path) -> None:
@@ -65,7 +60,7 @@ def test_the_file_count_and_bytes_are_what_dvc_records(export: Path, tmp_path: P
     run(repo, "dvc", "init", "-q")
     run(repo, "dvc", "add", "-q", "raw")
     out = yaml.safe_load((repo / "raw.dvc").read_text())["outs"][0]
-    counted = tracked_files(raw)
+    counted = ExportListing.of(raw).tracked()
     assert (counted.files, counted.bytes) == (out["nfiles"], out["size"])
 
 
@@ -73,17 +68,17 @@ def test_the_content_digest_is_pairs_and_an_unchanged_file_is_not_read_again(exp
     write_triplet(export / "s1", "a")
     write_triplet(export / "s2", "b")
     cache = tmp_path / "hashes.json"
-    first = export_content(export, cache)
+    first = ExportListing.of(export).content(cache)
     assert first.sha256 == pair_export(export, PairConfig()).export_sha256 and first.files == 6
     # Same size and mtime, other bytes: the cache answers, as DVC's state database would.
     status = export / "s1" / "a_vio.json"
     st = status.stat()
     status.write_bytes(status.read_bytes().replace(b'"a', b'"x', 1))
     os.utime(status, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert export_content(export, cache) == first
+    assert ExportListing.of(export).content(cache) == first
     os.utime(status, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # touched: hashed again
     assert (
-        export_content(export, cache).sha256
+        ExportListing.of(export).content(cache).sha256
         == pair_export(export, PairConfig()).export_sha256
         != first.sha256
     )
@@ -95,9 +90,9 @@ def test_a_folder_changed_after_dvc_add_is_said_to_be_unversioned(export: Path, 
     run(repo, "git", "init", "-q")
     run(repo, "dvc", "init", "-q")
     run(repo, "dvc", "add", "-q", "raw")
-    assert unversioned_change(repo / "raw", repo / "raw.dvc") is None
+    assert unversioned_change(ExportListing.of(repo / "raw"), repo / "raw.dvc") is None
     write_triplet(repo / "raw" / "s2", "b")
-    said = unversioned_change(repo / "raw", repo / "raw.dvc")
+    said = unversioned_change(ExportListing.of(repo / "raw"), repo / "raw.dvc")
     assert "holds 6 files" in said and "records 3" in said and "Run `dvc add" in said
 
 
@@ -144,8 +139,8 @@ def test_dvc_repro_stops_at_the_check_naming_each_entry_instead_of_hanging(tmp_p
 def test_a_damaged_hash_cache_means_hashing_again_not_a_crash(export: Path, tmp_path) -> None:
     write_triplet(export / "s1", "a")
     cache = tmp_path / "hashes.json"
-    good = export_content(export, cache)
+    good = ExportListing.of(export).content(cache)
     cache.write_text('{"s1/a.mcap": 7, "s1/a_vio.mcap": [[1], 2], "s1/a_vio.json": "x"}')
-    assert export_content(export, cache) == good
+    assert ExportListing.of(export).content(cache) == good
     cache.write_text("not json")
-    assert export_content(export, cache) == good
+    assert ExportListing.of(export).content(cache) == good

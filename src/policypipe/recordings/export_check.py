@@ -6,14 +6,14 @@ export makes it wait forever, a symbolic link loop fails with the operating syst
 levels of symbolic links", a name that is not UTF-8 with an encoding error that names no file.
 So the pipeline's first stage, `check_export`, walks the folder as `pair` does, never opening
 anything but regular files, fails naming every such entry, and otherwise writes what the export
-holds: its file count, bytes and one SHA-256 over its files (`export_content`, the digest `pair`
-records as the export's). `pair` depends on that record, not on the folder, so DVC never walks
+holds: its file count, bytes and one SHA-256 over its files (`ExportListing.content`, the digest
+`pair` records as the export's). `pair` depends on that record, not on the folder, so DVC never walks
 the export during `dvc repro`; a file's hash is kept in a local cache while its size, mtime and
 inode stay the same, as DVC's own state database does, so an unchanged export is not read again.
 
 What `dvc add` records for a folder, measured on dvc 3: every entry that is not a folder,
 without following links to folders, with the size of what a link to a file leads to.
-`tracked_files` counts the same, so the check can say when `data/raw.dvc` no longer describes
+`ExportListing.tracked` counts the same, so the check can say when `data/raw.dvc` no longer describes
 the folder (new recordings not versioned yet for `dvc push`).
 """
 
@@ -53,50 +53,59 @@ class ExportContent:
     sha256: str  # tree_digest of their SHA-256 by export-relative path: pair's `export_sha256`
 
 
-def export_hazards(root: Path) -> list[Rejection]:
-    """Entries of an export that `dvc add` cannot hash, each with what to do about it."""
-    root = Path(root).resolve()
-    found: list[Rejection] = []
-    for path, reason, detail in walk_export(root):
-        if path.is_symlink() and _is_folder_link(path):
-            continue  # DVC does not follow links to folders: harmless to it, reported by pair
-        if reason in _HAZARDS:
-            found.append(Rejection(export_relative_path(path, root), reason, detail))
-        elif (problem := _not_hashable(path)) is not None:
-            found.append(Rejection(export_relative_path(path, root), *problem))
-    return found
+@dataclass(frozen=True)
+class ExportListing:
+    """One walk of an export (`pairing.walk_export`), which the check's three questions share:
+    what cannot be read, what `pair` will read and its digest, and what DVC would record."""
 
+    root: Path  # as given: messages name it so
+    entries: tuple[tuple[Path, Reason | None, str | None], ...]
 
-def tracked_files(root: Path) -> TrackedFiles:
-    """What DVC would record for a folder without hazards (see the module docstring)."""
-    files = size = 0
-    for dirpath, _folders, filenames in os.walk(root, followlinks=False):
-        for name in filenames:  # links to folders are listed among dirnames: not followed, not counted
-            path = os.path.join(dirpath, name)
+    @classmethod
+    def of(cls, root: Path) -> ExportListing:
+        return cls(Path(root), tuple(walk_export(Path(root).resolve())))
+
+    def hazards(self) -> list[Rejection]:
+        """Entries that `dvc add` or a reader cannot take, each with what to do about it."""
+        base = self.root.resolve()
+        found: list[Rejection] = []
+        for path, reason, detail in self.entries:
+            if path.is_symlink() and _is_folder_link(path):
+                continue  # DVC does not follow links to folders: harmless to it, reported by pair
+            if reason in _HAZARDS:
+                found.append(Rejection(export_relative_path(path, base), reason, detail))
+            elif (problem := _not_hashable(path)) is not None:
+                found.append(Rejection(export_relative_path(path, base), *problem))
+        return found
+
+    def tracked(self) -> TrackedFiles:
+        """What DVC would record for the folder without hazards (see the module docstring): the
+        entries that lead to regular files, links to folders neither followed nor counted."""
+        files = size = 0
+        for path, _, _ in self.entries:
             try:
                 st = os.stat(path)
             except OSError:
-                continue  # a dangling link: an export_hazards entry, never in DVC's record
+                continue  # a dangling link: a hazard, never in DVC's record
             if stat.S_ISREG(st.st_mode):
                 files, size = files + 1, size + st.st_size
-    return TrackedFiles(files, size)
+        return TrackedFiles(files, size)
 
-
-def export_content(root: Path, cache_path: Path) -> ExportContent:
-    """What `pair` will read, hashed; a file whose size, mtime and inode are those of the cache
-    entry keeps its hash. Call after `export_hazards` found nothing (no pipe is ever opened)."""
-    root = Path(root).resolve()
-    files = {export_relative_path(p, root): p for p, reason, _ in walk_export(root) if reason is None}
-    stats = {rel: os.stat(path) for rel, path in files.items()}
-    keys = {rel: [st.st_size, st.st_mtime_ns, st.st_ino] for rel, st in stats.items()}
-    cached = _read_cache(cache_path)
-    digests = {rel: cached[rel][1] for rel in files if _entry(cached.get(rel)) == keys[rel]}
-    fresh = sha256_files([files[rel] for rel in files if rel not in digests])
-    digests |= {rel: fresh[files[rel]] for rel in files if rel not in digests}
-    if digests.keys() != cached.keys() or fresh:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(cache_path, {rel: [keys[rel], digests[rel]] for rel in sorted(digests)})
-    return ExportContent(len(files), sum(st.st_size for st in stats.values()), tree_digest(digests))
+    def content(self, cache_path: Path) -> ExportContent:
+        """What `pair` will read, hashed; a file whose size, mtime and inode are those of the cache
+        entry keeps its hash. Only after `hazards` found nothing (no pipe is ever opened)."""
+        base = self.root.resolve()
+        files = {export_relative_path(p, base): p for p, reason, _ in self.entries if reason is None}
+        stats = {rel: os.stat(path) for rel, path in files.items()}
+        keys = {rel: [st.st_size, st.st_mtime_ns, st.st_ino] for rel, st in stats.items()}
+        cached = _read_cache(cache_path)
+        digests = {rel: cached[rel][1] for rel in files if _entry(cached.get(rel)) == keys[rel]}
+        fresh = sha256_files([files[rel] for rel in files if rel not in digests])
+        digests |= {rel: fresh[files[rel]] for rel in files if rel not in digests}
+        if digests.keys() != cached.keys() or fresh:
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(cache_path, {rel: [keys[rel], digests[rel]] for rel in sorted(digests)})
+        return ExportContent(len(files), sum(st.st_size for st in stats.values()), tree_digest(digests))
 
 
 def _entry(entry: object) -> list | None:
@@ -127,11 +136,12 @@ def recorded_files(pointer: Path) -> TrackedFiles | None:
         return None
 
 
-def unversioned_change(root: Path, pointer: Path) -> str | None:
+def unversioned_change(listing: ExportListing, pointer: Path) -> str | None:
     """Why `pointer` (`data/raw.dvc`) no longer describes the folder, or None where it does or
     where there is none: the pipeline runs on the folder, `dvc push` sends what the pointer names."""
     recorded = recorded_files(pointer)
-    now = tracked_files(root)
+    now = listing.tracked()
+    root = listing.root
     if recorded is None or recorded == now:
         return None
     return (
