@@ -153,15 +153,21 @@ def decode_frames(streams: Streams, image_size: tuple[int, int]) -> DecodedFrame
     return DecodedFrames(capture_ns=streams.camera_ns, rgb=rgb, dropped=dropped)
 
 
-def _decode_still_into(data: bytes, out: np.ndarray) -> str | None:
-    """Decodes one JPEG/PNG into `out` (H, W, 3) RGB; returns why not, or None."""
+def decode_still_bgr(data: bytes) -> np.ndarray | None:
+    """One JPEG/PNG camera message at its own resolution, BGR (OpenCV's order); None when it
+    cannot be decoded. Convert and `policypipe predict` (a camera driver's view) both decode so."""
     if not data:  # a zero-length message: cv2.imdecode asserts on an empty buffer
-        return UNDECODABLE
+        return None
     try:
-        bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)  # None: not an image
     except cv2.error as exc:
         log.debug("undecodable still frame: %s", exc)
-        return UNDECODABLE
+        return None
+
+
+def _decode_still_into(data: bytes, out: np.ndarray) -> str | None:
+    """Decodes one JPEG/PNG into `out` (H, W, 3) RGB; returns why not, or None."""
+    bgr = decode_still_bgr(data)
     if bgr is None:
         return UNDECODABLE
     # Resize first, then swap channels: both work on each channel alone, so the bytes are the

@@ -45,7 +45,7 @@ from mcap.writer import CompressionType, IndexType, Writer
 from mcap_protobuf.schema import build_file_descriptor_set
 
 from policypipe.atomic import write_bytes_atomic
-from policypipe.dataset.episode import covering, decode_frames, measured_frequency
+from policypipe.dataset.episode import covering, decode_frames, decode_still_bgr, measured_frequency
 from policypipe.lineage.hashing import sha256_file
 from policypipe.recordings.layout import McapState, mcap_state
 from policypipe.recordings.messages import RecordingError, Topics
@@ -366,12 +366,7 @@ class RobotFeed:
 
 def decode_still(data: bytes) -> np.ndarray | None:
     """A JPEG/PNG frame as a camera driver hands it over: RGB at the camera's resolution, or None."""
-    if not data:  # cv2.imdecode asserts on an empty buffer
-        return None
-    try:
-        bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    except cv2.error:
-        return None
+    bgr = decode_still_bgr(data)
     return None if bgr is None else cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
