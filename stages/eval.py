@@ -1,4 +1,4 @@
-"""Stage `eval`: the exported policy on the held-out episodes, against baselines."""
+"""Stage `eval`: the exported policy on the held-out episodes (test, then validation), against baselines."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from common import fail, load_config, setup_logging
 
 from policypipe.atomic import write_json_atomic
 from policypipe.config import ConfigError, require_same_window
-from policypipe.evaluation.evaluate import EvalConfig, evaluate
+from policypipe.evaluation.evaluate import EvalConfig, evaluate, held_out_sides
 from policypipe.evaluation.plots import write_eval_plots
 from policypipe.lineage.hashing import sha256_file, sha256_path
 from policypipe.lineage.provenance import StageRun
@@ -43,17 +43,14 @@ def main() -> None:
         stats = json.loads(args.stats.read_text())
         try:
             require_same_window(stats, asdict(policy.config), f"the policy {args.policy}")
-            # Other statistics split the episodes otherwise: their validation side may hold episodes
+            # Other statistics split the episodes otherwise: their held-out sides may hold episodes
             # this policy trained on.
             require_trained_with(args.policy, sha256_file(args.stats), args.stats)
         except (ConfigError, ValueError) as exc:
             fail(str(exc))
-        print(
-            f"eval: {len(stats['split']['val'])} validation episodes, "
-            f"every {config.stride}th anchor frame ...",
-            flush=True,
-        )
         try:
+            sides = ", ".join(f"{len(episodes)} {side}" for side, episodes in held_out_sides(stats).items())
+            print(f"eval: held-out episodes ({sides}), every {config.stride}th anchor frame ...", flush=True)
             result = evaluate(policy, args.dataset, stats, config)
         except ValueError as exc:
             fail(str(exc))
@@ -67,6 +64,7 @@ def main() -> None:
             args.plots,
             policy.config.n_action_steps,
             config.plot_episodes,
+            f"{result['report']['headline']} episodes",
         )
     # Host-dependent, so here rather than in the metrics, whose bytes depend on the inputs only.
     costs = result["baseline_cost_s"]
@@ -80,7 +78,21 @@ def main() -> None:
     run.add_outputs([args.metrics, args.per_step, args.plots])
     run.write(args.provenance)
 
-    r = result["report"]
+    report = result["report"]
+    for side in (side for side in ("test", "validation") if side in report):
+        label = "headline" if side == report["headline"] else "chose the settings"
+        print(f"{side} ({label}): {side_summary(report[side])}")
+    if "no_test_side" in report:
+        print(f"note: {report['no_test_side']}")
+    print(f"done in {time.monotonic() - started:.0f} s")
+    for name, cost in result["baseline_cost_s"].items():
+        print(f"{name}: built in {cost['build_s']:.1f} s, predicted in {cost['predict_s']:.1f} s")
+    for name, why in report[report["headline"]]["omitted"].items():
+        print(f"note: {name} omitted: {why}")
+
+
+def side_summary(r: dict) -> str:
+    """One line of a held-out side's report."""
     p = r["policy"]["position_mm"]["executed"]["mean"]
     best = r["best_baseline"]["position_mm"]
     ratio, ci = r["ratio_to_best_baseline"]["position_mm"], r["ratio_to_best_baseline_ci95"]["position_mm"]
@@ -88,19 +100,15 @@ def main() -> None:
     camera = (
         f"frames of another episode {gap['mean']:+.1f} mm [{gap['ci95_low']:+.1f}, {gap['ci95_high']:+.1f}]"
         if gap
-        else "no ablation with other episodes (one validation episode)"
+        else "no ablation with other episodes (one episode)"
     )
-    print(
-        f"{r['samples']} samples: position error over the executed steps {p:.1f} mm, "
-        f"{ratio:.2f} [{ci['ci95_low']:.2f}, {ci['ci95_high']:.2f}] of the best baseline ({best}, "
-        f"{r[best]['position_mm']['executed']['mean']:.1f} mm); {camera}; spread {r['spread_mm']:.1f} mm; "
-        f"{r['skipped_episodes']} episodes skipped; CIs cover {r['ci_covers']}; "
-        f"{time.monotonic() - started:.0f} s"
+    return (
+        f"{r['samples']} samples of {r['episodes']} episodes: position error over the executed steps "
+        f"{p:.1f} mm, {ratio:.2f} [{ci['ci95_low']:.2f}, {ci['ci95_high']:.2f}] of the best baseline "
+        f"({best}, {r[best]['position_mm']['executed']['mean']:.1f} mm); {camera}; "
+        f"spread {r['spread_mm']:.1f} mm; "
+        f"{r['skipped_episodes']} episodes skipped; CIs cover {r['ci_covers']}"
     )
-    for name, cost in result["baseline_cost_s"].items():
-        print(f"{name}: built in {cost['build_s']:.1f} s, predicted in {cost['predict_s']:.1f} s")
-    for name, why in r["omitted"].items():
-        print(f"note: {name} omitted: {why}")
 
 
 if __name__ == "__main__":

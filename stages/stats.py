@@ -49,12 +49,13 @@ def main() -> None:
         write_json_atomic(args.stats, stats)
         write_json_atomic(args.metrics, report)
         print_step("plots")
-        write_plots(root, args.plots, stats["split"]["val"])
+        write_plots(root, args.plots, stats["split"])
     run.inputs[args.dataset.as_posix() + "#fingerprint"] = digest.digest
     run.add_outputs([args.stats, args.metrics, args.plots])
     run.write(args.provenance)
     print(
-        f"{report['episodes']} episodes ({report['train_episodes']} train / {report['val_episodes']} val), "
+        f"{report['episodes']} episodes ({report['train_episodes']} train / "
+        f"{report['val_episodes']} validation / {report['test_episodes']} test), "
         f"{report['frames']} frames, {report['duration_s']:.0f} s; fingerprint {digest.digest[:16]}; "
         f"done in {time.monotonic() - started:.1f} s"
     )

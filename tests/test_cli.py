@@ -190,6 +190,18 @@ def test_compare_one_seed_alone_against_the_baselines_says_what_the_ci_covers(
     }
 
 
+def test_compare_chooses_on_validation_and_reports_the_test_side_when_asked(
+    seeds, tmp_path: Path, capsys
+) -> None:
+    stats = json.loads(seeds[1].read_text())
+    for held_out, episodes in (([], stats["split"]["val"]), (["--held-out", "test"], stats["split"]["test"])):
+        code = compare(seeds, [str(seeds[2][0]), *held_out, "--json", str(tmp_path / "out.json")], tmp_path)
+        out = capsys.readouterr().out
+        side = "test" if held_out else "validation"
+        assert code == 0 and f"samples of {len(episodes)} {side} episodes" in out
+        assert json.loads((tmp_path / "out.json").read_text())["held_out"] == side
+
+
 def test_compare_seeds_against_seeds(seeds, tmp_path: Path, capsys) -> None:
     a, b = seeds[2]
     code = compare(

@@ -52,7 +52,9 @@ def test_a_queued_two_point_sweep_runs_and_compares(pipeline_repo: Path, tmp_pat
             experiments[exp["name"]] = (lr, data["metrics"]["metrics/eval.json"]["data"])
     assert sorted(lr for lr, _ in experiments.values()) == [1e-4, 1e-3]
     for _, metrics in experiments.values():
-        assert metrics["samples"] > 0 and metrics["policy"]["position_mm"]["executed"]["mean"] > 0
+        test = metrics[metrics["headline"]]
+        assert metrics["headline"] == "test" and test["samples"] > 0
+        assert test["policy"]["position_mm"]["executed"]["mean"] > 0
 
     first, second = sorted(experiments)
     diff = run(clone, "dvc", "metrics", "diff", first, second, "--json")

@@ -13,7 +13,8 @@ def _sample(args: argparse.Namespace) -> int:
     from policypipe.synthetic.export import SampleConfig, write_sample_export
 
     config = SampleConfig(
-        recordings=args.recordings,
+        # None: SampleConfig's default, the demo export's size.
+        **({} if args.recordings is None else {"recordings": args.recordings}),
         seed=args.seed,
         camera=args.camera,
         defects=args.defects,
@@ -174,7 +175,7 @@ def _compare(args: argparse.Namespace) -> int:
     for path in (p for side in sides.values() for p in side):
         require_trained_with(path, stats_sha256, args.stats)
     stats = json.loads(args.stats.read_text())
-    result = compare_policies(loaded["A"], loaded.get("B"), args.dataset, stats, config)
+    result = compare_policies(loaded["A"], loaded.get("B"), args.dataset, stats, config, args.held_out)
     for name, side in sides.items():
         result["sides"][name]["policies"] = [str(p) for p in side]
         print(f"{name} = " + ", ".join(str(p) for p in side))
@@ -365,7 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "out_dir", type=Path, metavar="OUT_DIR", help="folder to create (must not exist or be empty)"
     )
-    p.add_argument("--recordings", type=int, default=32, help="good recordings to write (default: 32)")
+    p.add_argument(
+        "--recordings", type=int, default=None, help="good recordings to write (default: the demo's, 96)"
+    )
     p.add_argument("--seed", type=int, default=0, help="same seed, byte-identical files (default: 0)")
     p.add_argument(
         "--camera",
@@ -427,9 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "compare",
         help="policies against the baselines or each other, 95%% CIs over seeds, episodes and samples",
-        description="Evaluate exported policies on the same validation samples. Each side takes one or more "
+        description="Evaluate exported policies on the same held-out samples (validation, where choices are "
+        "made, unless --held-out test). Each side takes one or more "
         "policy folders: the seeds of one configuration. Alone, side A is reported against the baselines "
-        "(hold still, mean motion, constant velocity) with the ratio to the best one and the camera ablation "
+        "(hold still, mean motion, constant velocity, nearest neighbour) with the ratio to the best one and "
+        "the camera ablation "
         "gap; with --against, the difference B - A is added. Every 95% CI is a bootstrap over seeds, then "
         "episodes, then samples within them (episodes and samples shared by all quantities): with one seed "
         "per side it covers episodes and samples only, and says so.",
@@ -450,6 +455,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="side B samples this way (timestep_spacing, num_inference_steps): with the same folders on "
         "both sides, measures a sampling choice on trained policies",
+    )
+    p.add_argument(
+        "--held-out",
+        choices=["validation", "test"],
+        default="validation",
+        help="the side of the split to evaluate on: validation (default) for a choice, test to report "
+        "a result once the choices are made",
     )
     p.add_argument("--dataset", type=Path, default=Path("data/dataset.zarr"))
     p.add_argument("--stats", type=Path, default=Path("data/stats/stats.json"))

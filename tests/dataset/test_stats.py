@@ -11,7 +11,7 @@ from scipy.spatial.transform import Rotation, Slerp
 
 from policypipe.atomic import canonical_json
 from policypipe.dataset import layout
-from policypipe.dataset.split import episode_groups, split_episodes
+from policypipe.dataset.split import episode_groups, group_fraction, split_episodes
 from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.dataset.windows import WindowConfig
 from tests.dataset.conftest import make_store
@@ -155,14 +155,32 @@ def test_image_statistics_equal_numpy_on_the_sampled_frames(store: Path) -> None
 
 def test_split_is_seeded_and_never_empty() -> None:
     names = [f"rec_{i:04d}" for i in range(10)]
-    assert split_episodes(names, 0, 0.2) == split_episodes(names, 0, 0.2)
-    assert split_episodes(names, 0, 0.2) != split_episodes(names, 1, 0.2)
-    for n in (2, 3, 50):
-        for fraction in (0.01, 0.5, 0.99):
-            train, val = split_episodes([f"r{i}" for i in range(n)], 7, fraction)
-            assert train and val and sorted(train + val) == list(range(n))
+    assert split_episodes(names, 0, 0.2, 0.2) == split_episodes(names, 0, 0.2, 0.2)
+    assert split_episodes(names, 0, 0.2, 0.2) != split_episodes(names, 1, 0.2, 0.2)
+    for test_fraction, smallest in ((0.0, 2), (0.2, 3)):
+        for n in (smallest, smallest + 1, 50):
+            for fraction in (0.01, 0.5, 0.79):
+                split = split_episodes([f"r{i}" for i in range(n)], 7, fraction, test_fraction)
+                assert split.train and split.val and bool(split.test) == (test_fraction > 0)
+                assert sorted(split.train + split.val + split.test) == list(range(n))
     with pytest.raises(ValueError, match="at least 2"):
         split_episodes(["only"], 0, 0.2)
+    with pytest.raises(ValueError, match="at least 3.*test_fraction: 0"):
+        split_episodes(["a", "b"], 0, 0.2, 0.2)
+
+
+def test_the_sides_follow_the_hash_positions() -> None:
+    """Validation below val_fraction, test up to val_fraction + test_fraction, train above; a test
+    side leaves validation as a two-way split of the same seed has it."""
+    names = [f"rec_{i:04d}" for i in range(200)]
+    split = split_episodes(names, 4, 0.15, 0.2)
+    position = [group_fraction(4, n) for n in names]
+    assert all(position[i] < 0.15 for i in split.val)
+    assert all(0.15 <= position[i] < 0.35 for i in split.test)
+    assert all(position[i] >= 0.35 for i in split.train)
+    assert split.val == split_episodes(names, 4, 0.15).val
+    # About the fractions: 200 draws, 3 standard deviations.
+    assert abs(len(split.test) - 40) < 3 * (200 * 0.2 * 0.8) ** 0.5
 
 
 def test_adding_recordings_never_moves_an_existing_episode_across_the_split(tmp_path: Path) -> None:
@@ -176,7 +194,7 @@ def test_adding_recordings_never_moves_an_existing_episode_across_the_split(tmp_
             for ep, s in zip(root.attrs[layout.ATTRS_EPISODES], stems)
         ]
         split = compute_statistics(root, WINDOW, CONFIG)["split"]
-        return {s: "train" for s in split["train_stems"]} | {s: "val" for s in split["val_stems"]}
+        return {s: side for side in ("train", "val", "test") for s in split[f"{side}_stems"]}
 
     old_stems = [f"rec_{i:04d}" for i in range(1, 7)]
     before = sides((30, 25, 40, 35, 28, 33), old_stems)
@@ -184,14 +202,14 @@ def test_adding_recordings_never_moves_an_existing_episode_across_the_split(tmp_
         (20, 30, 25, 40, 35, 28, 33, 22, 26, 24), ["rec_0000", *old_stems, "rec_0007", "rec_0008", "rec_0009"]
     )
     assert {s: after[s] for s in old_stems} == before
-    assert set(before.values()) == {"train", "val"}
+    assert set(before.values()) == {"train", "val", "test"}
 
 
 def test_a_session_is_held_out_whole() -> None:
     groups = episode_groups([{"stem": f"r{i}", "folder": f"session_{i % 4}"} for i in range(40)], "session")
-    train, val = split_episodes(groups, 0, 0.3)
-    assert {groups[i] for i in train}.isdisjoint({groups[i] for i in val})
-    assert train and val
+    split = split_episodes(groups, 0, 0.3, 0.3)
+    sides = [{groups[i] for i in side} for side in (split.train, split.val, split.test)]
+    assert all(sides) and sum(map(len, sides)) == len(set(groups)) == 4
 
 
 def test_the_split_rule_is_recorded_with_the_split(store: Path) -> None:

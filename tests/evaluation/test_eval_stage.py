@@ -26,9 +26,11 @@ STAGES = Path(__file__).resolve().parents[2] / "stages"
 @pytest.fixture
 def stage(tmp_path: Path, monkeypatch):
     """The stage's main(), run in tmp_path with a tiny store, statistics, policy and params.yaml."""
-    make_store(tmp_path / "ds.zarr", lengths=(30, 25, 40, 35, 28, 33))
+    make_store(tmp_path / "ds.zarr", lengths=(30, 25, 40, 35, 28, 33, 31, 29, 32))
     stats = compute_statistics(
-        zarr.open_group(tmp_path / "ds.zarr", mode="r"), WindowConfig(2, 8, 4), StatsConfig(val_fraction=0.4)
+        zarr.open_group(tmp_path / "ds.zarr", mode="r"),
+        WindowConfig(2, 8, 4),
+        StatsConfig(val_fraction=0.4, test_fraction=0.3),
     )
     stats["dataset_fingerprint"] = {"sha256": "f" * 64}
     write_json_atomic(tmp_path / "stats.json", stats)
@@ -74,13 +76,18 @@ def stage(tmp_path: Path, monkeypatch):
 
 def test_the_stage_writes_the_report_with_the_best_baseline(stage, tmp_path: Path, capsys) -> None:
     stage()
-    report = json.loads((tmp_path / "eval.json").read_text())
-    assert set(report["ratio_to_best_baseline"]) == {"position_mm", "rotation_deg", "width_mm"}
+    metrics = json.loads((tmp_path / "eval.json").read_text())
+    assert metrics["headline"] == "test"
     out = capsys.readouterr().out
-    assert (
-        f"of the best baseline ({report['best_baseline']['position_mm']}" in out
-        and "CIs cover episodes, then samples within them (one seed; " in out
-    )
+    for side, label in (("test", "headline"), ("validation", "chose the settings")):
+        report = metrics[side]
+        assert set(report["ratio_to_best_baseline"]) == {"position_mm", "rotation_deg", "width_mm"}
+        line = next(line for line in out.splitlines() if line.startswith(f"{side} ({label}): "))
+        assert (
+            f"of {report['episodes']} episodes" in line
+            and f"of the best baseline ({report['best_baseline']['position_mm']}" in line
+            and "CIs cover episodes, then samples within them (one seed; " in line
+        )
     # The nearest-neighbour baseline's cost: seconds, so in the provenance record, not the metrics.
     assert report["nearest_neighbour"]["position_mm"]["executed"]["mean"] > 0
     cost = json.loads((tmp_path / "provenance.json").read_text())["details"]["baseline_cost_s"]

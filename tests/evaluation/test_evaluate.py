@@ -27,13 +27,15 @@ from tests.dataset.conftest import make_store
 from tests.training.conftest import MODEL
 
 CONFIG = EvalConfig(stride=5, batch_size=16, spread_samples=3, spread_observations=2)
+SPLIT = StatsConfig(val_fraction=0.4, test_fraction=0.3)
 
 
 @pytest.fixture
 def setup(tmp_path: Path):
-    make_store(tmp_path / "ds.zarr", lengths=(30, 25, 40, 35, 28, 33, 31, 29))
+    # 3 training, 4 validation and 2 test episodes.
+    make_store(tmp_path / "ds.zarr", lengths=(30, 25, 40, 35, 28, 33, 31, 29, 32))
     root = zarr.open_group(tmp_path / "ds.zarr", mode="r")
-    stats = compute_statistics(root, WindowConfig(2, 8, 4), StatsConfig(val_fraction=0.4))
+    stats = compute_statistics(root, WindowConfig(2, 8, 4), SPLIT)
     torch.manual_seed(0)
     policy = DiffusionPolicy(MODEL)
     policy.fit_normalizers(stats)
@@ -56,7 +58,7 @@ BASELINE_NAMES = ("hold_still", "mean_motion", "constant_velocity", "nearest_nei
 def test_report_has_errors_baselines_ratios_ablations_and_spread(setup) -> None:
     store, stats, policy = setup
     result = evaluate(policy, store, stats, CONFIG)
-    report = result["report"]
+    report = result["report"]["test"]
     assert report["samples"] > 0 and report["skipped_episodes"] == 0 and report["omitted"] == {}
     for name in ENTRIES:
         for component in COMPONENTS:
@@ -73,9 +75,50 @@ def test_report_has_errors_baselines_ratios_ablations_and_spread(setup) -> None:
     assert report["spread_mm"] > 0  # different noise, different chunks
 
 
+def test_the_test_side_is_the_headline_and_validation_is_reported_beside_it(setup) -> None:
+    store, stats, policy = setup
+    result = evaluate(policy, store, stats, CONFIG)
+    report = result["report"]
+    assert report["headline"] == "test" and "no_test_side" not in report
+    split = stats["split"]
+    for side, episodes in (("test", split["test"]), ("validation", split["val"])):
+        assert report[side]["episodes"] == len(episodes) >= 2
+    # The plots' samples are the headline's: test episodes only, none trained on or chosen on.
+    assert set(result["samples"].episodes.tolist()) == set(split["test"])
+    assert report["test"]["policy"] != report["validation"]["policy"]
+    # What compare measures on each side is what eval reports there.
+    for side in ("test", "validation"):
+        alone = compare_policies([policy], None, store, stats, CONFIG, held_out=side)
+        assert alone["held_out"] == side and alone["episodes"] == report[side]["episodes"]
+        assert alone["sides"]["A"]["components"]["position_mm"]["policy"]["mean"] == pytest.approx(
+            report[side]["policy"]["position_mm"]["executed"]["mean"]
+        )
+
+
+def test_without_a_test_side_validation_is_the_headline_and_says_so(tmp_path: Path) -> None:
+    make_store(tmp_path / "ds.zarr", lengths=(30, 25, 40, 35, 28))
+    root = zarr.open_group(tmp_path / "ds.zarr", mode="r")
+    stats = compute_statistics(root, WindowConfig(2, 8, 4), StatsConfig(val_fraction=0.4, test_fraction=0))
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(MODEL)
+    policy.fit_normalizers(stats)
+    report = evaluate(policy.eval(), tmp_path / "ds.zarr", stats, CONFIG)["report"]
+    assert report["headline"] == "validation" and "test" not in report
+    assert "optimistic" in report["no_test_side"]
+    with pytest.raises(ValueError, match="no test side"):
+        compare_policies([policy], None, tmp_path / "ds.zarr", stats, CONFIG, held_out="test")
+
+
+def test_statistics_without_a_test_side_are_refused_with_the_fix(setup) -> None:
+    store, stats, policy = setup
+    old = stats | {"split": {k: v for k, v in stats["split"].items() if k != "test"}}
+    with pytest.raises(ValueError, match="rerun `dvc repro stats`"):
+        evaluate(policy, store, old, CONFIG)
+
+
 def test_every_component_has_a_ratio_to_its_best_baseline(setup) -> None:
     store, stats, policy = setup
-    report = evaluate(policy, store, stats, CONFIG)["report"]
+    report = evaluate(policy, store, stats, CONFIG)["report"]["test"]
     for c in COMPONENTS:
         means = {b: report[b][c]["executed"]["mean"] for b in BASELINE_NAMES}
         best = min(means, key=means.get)
@@ -102,7 +145,7 @@ def means_of(report: dict, name: str) -> float:
 
 def test_the_camera_ablations_and_their_gaps(setup) -> None:
     store, stats, policy = setup
-    report = evaluate(policy, store, stats, CONFIG)["report"]
+    report = evaluate(policy, store, stats, CONFIG)["report"]["test"]
     for name, key in (
         ("camera_ablation_other_episodes", "other_episodes"),
         ("camera_ablation_constant_image", "constant_image"),
@@ -144,13 +187,11 @@ def test_ablation_feeds_frames_of_another_episode_and_the_sample_own_poses(setup
 
 def test_one_observation_step_omits_constant_velocity_and_says_why(tmp_path: Path) -> None:
     make_store(tmp_path / "ds.zarr", lengths=(30, 25, 40, 35, 28, 33))
-    stats = compute_statistics(
-        zarr.open_group(tmp_path / "ds.zarr", mode="r"), WindowConfig(1, 8, 4), StatsConfig(val_fraction=0.4)
-    )
+    stats = compute_statistics(zarr.open_group(tmp_path / "ds.zarr", mode="r"), WindowConfig(1, 8, 4), SPLIT)
     torch.manual_seed(0)
     policy = DiffusionPolicy(replace(MODEL, n_obs_steps=1))
     policy.fit_normalizers(stats)
-    report = evaluate(policy, tmp_path / "ds.zarr", stats, CONFIG)["report"]
+    report = evaluate(policy, tmp_path / "ds.zarr", stats, CONFIG)["report"]["test"]
     assert "constant_velocity" not in report and "n_obs_steps >= 2" in report["omitted"]["constant_velocity"]
     # The nearest neighbour needs no motion: with one step it compares widths and frames.
     assert report["nearest_neighbour"]["position_mm"]["executed"]["mean"] > 0
@@ -191,7 +232,7 @@ def test_a_broken_episode_is_skipped_and_counted(setup) -> None:
     (store / "data" / "camera0_rgb" / "c" / str(shard_index) / "0" / "0" / "0").unlink()
     sharing = {e for e in val if first[e] // 10 <= shard_index <= last[e] // 10}
 
-    report = evaluate(policy, store, stats, CONFIG)["report"]
+    report = evaluate(policy, store, stats, CONFIG)["report"]["validation"]
 
     skipped = {s["episode"] for s in report["skipped"]}
     assert victim in skipped and skipped <= sharing
@@ -232,7 +273,7 @@ def test_compare_one_side_of_seeds_against_the_baselines(setup) -> None:
     side = seeds["sides"]["A"]
     assert side["seeds"] == 2
     assert side["ci_covers"] == f"seeds, episodes, then samples within them (A: 2 seeds; {episodes} episodes)"
-    report = evaluate(policy, store, stats, CONFIG)["report"]
+    report = evaluate(policy, store, stats, CONFIG)["report"]["validation"]
     for c in COMPONENTS:
         entry = side["components"][c]
         assert set(entry) == {
@@ -298,14 +339,16 @@ def test_no_still_sample_gives_counts_only() -> None:
 
 def test_report_splits_position_and_width_into_moving_and_still(setup) -> None:
     store, stats, policy = setup
-    report = evaluate(policy, store, stats, CONFIG)["report"]
+    report = evaluate(policy, store, stats, CONFIG)["report"]["test"]
     for c in ("position_mm", "width_mm"):
         split = report["moving_vs_still"][c]
         assert split["moving"]["samples"] + split["still"]["samples"] == report["samples"]
         assert set(split) == {"rule", "moving", "still"}
     # Everything counts as still above any motion: the split then repeats the headline.
     everything_still = replace(CONFIG, moving_position_mm=1e9, moving_width_mm=1e9)
-    split = evaluate(policy, store, stats, everything_still)["report"]["moving_vs_still"]["position_mm"]
+    split = evaluate(policy, store, stats, everything_still)["report"]["test"]["moving_vs_still"][
+        "position_mm"
+    ]
     assert split["moving"] == {"samples": 0, "episodes": 0}
     assert split["still"]["episodes"] == report["episodes"]
     assert split["still"]["policy"] == pytest.approx(report["policy"]["position_mm"]["executed"]["mean"])

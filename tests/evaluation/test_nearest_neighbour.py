@@ -12,9 +12,9 @@ from policypipe.dataset.windows import WindowConfig, rot6d
 from policypipe.evaluation.evaluate import EvalConfig
 from policypipe.evaluation.nearest_neighbour import (
     NearestNeighbourConfig,
+    NearestNeighbourIndex,
     average_chunks,
     nearest,
-    nearest_neighbour_chunks,
 )
 from policypipe.evaluation.samples import collect_samples
 from tests.dataset.conftest import make_store
@@ -35,16 +35,11 @@ def baseline_on(
 ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """(the baseline's chunks, the recorded chunks, its cost) on every anchor of the `observed` episodes."""
     b = collect_samples(store, observed, WINDOW, stride=1).batch
-    chunks, cost = nearest_neighbour_chunks(
-        store,
-        TRAIN,
-        WINDOW,
-        b["obs_pose"].double().numpy(),
-        b["obs_width"].double().numpy(),
-        b["obs_images"][:, -1].numpy(),
-        config,
+    index = NearestNeighbourIndex.build(store, TRAIN, WINDOW, config)
+    chunks, search_s = index.chunks_for(
+        b["obs_pose"].double().numpy(), b["obs_width"].double().numpy(), b["obs_images"][:, -1].numpy()
     )
-    return chunks, b["action"].double().numpy(), cost
+    return chunks, b["action"].double().numpy(), {"build_s": index.build_s, "predict_s": search_s}
 
 
 def run(store: Path, observed: list[int], k: int, weights=EQUAL) -> tuple[np.ndarray, np.ndarray]:
@@ -95,12 +90,14 @@ def test_a_block_of_weight_zero_is_ignored(store: Path) -> None:
     pose, width = b["obs_pose"].double().numpy(), b["obs_width"].double().numpy()
     frames = b["obs_images"][:, -1].numpy()
     config = NearestNeighbourConfig(3, {"pose": 1.0, "width": 1.0, "pixels": 0.0}, 4, 1)
-    original, _ = nearest_neighbour_chunks(store, TRAIN, WINDOW, pose, width, frames, config)
-    inverted, _ = nearest_neighbour_chunks(store, TRAIN, WINDOW, pose, width, 255 - frames, config)
+    index = NearestNeighbourIndex.build(store, TRAIN, WINDOW, config)
+    original, _ = index.chunks_for(pose, width, frames)
+    inverted, _ = index.chunks_for(pose, width, 255 - frames)
     np.testing.assert_array_equal(original, inverted)
     only_pixels = NearestNeighbourConfig(3, {"pose": 0.0, "width": 0.0, "pixels": 1.0}, 4, 1)
-    seen, _ = nearest_neighbour_chunks(store, TRAIN, WINDOW, pose, width, frames, only_pixels)
-    unseen, _ = nearest_neighbour_chunks(store, TRAIN, WINDOW, pose, width, 255 - frames, only_pixels)
+    index = NearestNeighbourIndex.build(store, TRAIN, WINDOW, only_pixels)
+    seen, _ = index.chunks_for(pose, width, frames)
+    unseen, _ = index.chunks_for(pose, width, 255 - frames)
     assert not np.array_equal(seen, unseen)
 
 

@@ -34,11 +34,13 @@ def dataset_report(root: zarr.Group, fingerprint: str, split: dict[str, Any]) ->
         },
         "train_episodes": len(split["train"]),
         "val_episodes": len(split["val"]),
+        "test_episodes": len(split.get("test", [])),
         "fingerprint": fingerprint,
     }
 
 
-def write_plots(root: zarr.Group, out_dir: Path, val_episodes: list[int]) -> list[Path]:
+def write_plots(root: zarr.Group, out_dir: Path, split: dict) -> list[Path]:
+    """Episode lengths and top-down paths (held-out episodes dashed: validation, dotted: test)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ends = root[layout.EPISODE_ENDS][:]
@@ -61,13 +63,16 @@ def write_plots(root: zarr.Group, out_dir: Path, val_episodes: list[int]) -> lis
     written.append(save_png(fig, out_dir / "episode_lengths.png", dpi=110))
 
     fig, ax = plt.subplots(figsize=(6, 6))
+    line_style = {e: "--" for e in split["val"]} | {e: ":" for e in split.get("test", [])}
     for e in range(len(ends)):
         p = pos[first[e] : last[e] + 1]
-        ax.plot(p[:, 0], p[:, 1], color=colors[e], lw=1, ls="--" if e in val_episodes else "-")
+        ax.plot(p[:, 0], p[:, 1], color=colors[e], lw=1, ls=line_style.get(e, "-"))
         ax.plot(p[0, 0], p[0, 1], "o", color=colors[e], ms=3)
         ax.plot(p[-1, 0], p[-1, 1], "x", color=colors[e], ms=4)
     ax.set(
-        xlabel="x (m)", ylabel="y (m)", title="gripper paths, top-down (o start, x end, dashed: validation)"
+        xlabel="x (m)",
+        ylabel="y (m)",
+        title="gripper paths, top-down (o start, x end; dashed: validation, dotted: test)",
     )
     ax.set_aspect("equal", adjustable="datalim")
     written.append(save_png(fig, out_dir / "paths_topdown.png", dpi=110))

@@ -34,10 +34,12 @@ QUANTILES = (0.01, 0.99)
 class StatsConfig:
     """`stats` section of params.yaml."""
 
-    # Seed of the train/validation split (dataset/split.py: a stable hash of each group's name).
+    # Seed of the train/validation/test split (dataset/split.py: a stable hash of each group's name).
     seed: int = 0
-    # Fraction of groups held out for validation, approximately (at least one on each side).
+    # Fractions of groups held out for validation (every choice is made on it) and for the test
+    # side (what eval reports), approximately; at least one on each side. test_fraction 0: none.
     val_fraction: float = 0.15
+    test_fraction: float = 0.15
     # What is held out together: "recording" (its stem) or "session" (its export folder).
     split_by: str = "recording"
     # Frames sampled, evenly spaced over the training episodes, for the image statistics.
@@ -48,8 +50,13 @@ class StatsConfig:
     quantile_bins: int = 16384
 
     def __post_init__(self) -> None:
-        if not 0 < self.val_fraction < 1:
-            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        if not (
+            0 < self.val_fraction and 0 <= self.test_fraction and self.val_fraction + self.test_fraction < 1
+        ):
+            raise ValueError(
+                f"val_fraction {self.val_fraction}, test_fraction {self.test_fraction}: need "
+                "val_fraction > 0, test_fraction >= 0 (0: no test side) and their sum below 1"
+            )
         if self.image_sample_frames < 1 or self.block_frames < 1 or self.quantile_bins < 16:
             raise ValueError("image_sample_frames and block_frames must be >= 1, quantile_bins >= 16")
         if self.split_by not in SPLIT_BY:
@@ -188,8 +195,16 @@ def image_statistics(root: zarr.Group, episodes: list[int], frames: int) -> dict
 
 def compute_statistics(root: zarr.Group, window: WindowConfig, config: StatsConfig) -> dict[str, Any]:
     episodes = root.attrs[layout.ATTRS_EPISODES]
-    train, val = split_episodes(episode_groups(episodes, config.split_by), config.seed, config.val_fraction)
-    log.info("statistics over %d training episodes (%d held out)", len(train), len(val))
+    split = split_episodes(
+        episode_groups(episodes, config.split_by), config.seed, config.val_fraction, config.test_fraction
+    )
+    train = split.train
+    log.info(
+        "statistics over %d training episodes (%d validation, %d test held out)",
+        len(train),
+        len(split.val),
+        len(split.test),
+    )
     streams = EpisodeStreams.from_store(root)  # loaded and its interpolator built once, for every pass
     return {
         "split": {
@@ -197,10 +212,13 @@ def compute_statistics(root: zarr.Group, window: WindowConfig, config: StatsConf
             "split_by": config.split_by,
             "seed": config.seed,
             "val_fraction": config.val_fraction,
+            "test_fraction": config.test_fraction,
             "train": train,
-            "val": val,
+            "val": split.val,
+            "test": split.test,
             "train_stems": [episodes[i]["stem"] for i in train],
-            "val_stems": [episodes[i]["stem"] for i in val],
+            "val_stems": [episodes[i]["stem"] for i in split.val],
+            "test_stems": [episodes[i]["stem"] for i in split.test],
         },
         "window": {
             "n_obs_steps": window.n_obs_steps,

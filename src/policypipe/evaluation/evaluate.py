@@ -1,15 +1,17 @@
 """Offline evaluation of a policy on the held-out episodes, against baselines.
 
-At evenly spaced timesteps of the validation episodes (the split from `stats`) the recorded
-observations go to the policy (EMA weights, DDIM, seeded noise) and its action chunk is
-compared with the recorded future. Baselines on the same samples, none of them learned:
-"hold still", "mean motion" (the training episodes' mean relative trajectory), "constant
-velocity" (the last observed motion continued) and "nearest neighbour" (the mean chunk of the
-nearest training windows, `nearest_neighbour`); every policy error is also a ratio to the best
-of them. Camera ablations: the policy fed the frames of a sample from another validation episode
-(in-distribution images that do not belong to the pose), and a constant image. The spread of
-several samples for one observation measures multimodality. Position and width errors are also
-reported apart where the recorded gripper moves and where it is still (`moving_samples`).
+Two held-out sides, from the split of `stats`: the test side, the headline, on which nothing was
+chosen, and validation beside it, on which the settings were (each reported alone, labelled).
+At evenly spaced timesteps of a side's episodes the recorded observations go to the policy (EMA
+weights, DDIM, seeded noise) and its action chunk is compared with the recorded future.
+Baselines on the same samples, none of them learned: "hold still", "mean motion" (the training
+episodes' mean relative trajectory), "constant velocity" (the last observed motion continued)
+and "nearest neighbour" (the mean chunk of the nearest training windows, `nearest_neighbour`);
+every policy error is also a ratio to the best of them. Camera ablations: the policy fed the
+frames of a sample from another episode of the side (in-distribution images that do not belong
+to the pose), and a constant image. The spread of several samples for one observation measures
+multimodality. Position and width errors are also reported apart where the recorded gripper
+moves and where it is still (`moving_samples`).
 
 Every 95% CI resamples episodes, then samples within them (and seeds first, in `compare`): the
 samples of one episode share its target and trajectory, so the episode is the unit that
@@ -44,7 +46,7 @@ from policypipe.evaluation.errors import (
     seeds_summary,
     summarize,
 )
-from policypipe.evaluation.nearest_neighbour import NearestNeighbourConfig, nearest_neighbour_chunks
+from policypipe.evaluation.nearest_neighbour import NearestNeighbourConfig, NearestNeighbourIndex
 from policypipe.evaluation.samples import Samples, collect_samples, mean_motion
 from policypipe.policy.diffusion import DiffusionPolicy
 
@@ -61,7 +63,7 @@ class EvalConfig:
     """`eval` section of params.yaml."""
 
     seed: int = 0
-    # Every `stride`-th anchor frame of each validation episode is a sample (the frames training samples).
+    # Every `stride`-th anchor frame of each held-out episode is a sample (the frames training samples).
     stride: int = 8
     batch_size: int = 64
     # Multimodality: this many noise samples for each of `spread_observations` observations.
@@ -123,41 +125,71 @@ def training_width_range(stats: dict[str, Any]) -> tuple[float, float] | None:
     return (float(width["min"][0]), float(width["max"][0])) if width else None
 
 
-def baseline_chunks(
-    samples: Samples, store: Path, stats: dict[str, Any], window: WindowConfig, config: EvalConfig
-) -> tuple[dict[str, np.ndarray], dict[str, str], dict[str, dict[str, float]]]:
-    """The baselines' chunks (N, T, 10) on the samples, {name: why} for those that cannot be made,
-    and {name: {step: seconds}} for those that cost more than arithmetic."""
-    obs_pose, obs_width = (
-        samples.batch["obs_pose"].double().numpy(),
-        samples.batch["obs_width"].double().numpy(),
-    )
-    shape = (len(samples), window.horizon, 10)
-    chunks = {
-        "hold_still": hold_still(len(samples), window.horizon),
-        "mean_motion": np.broadcast_to(mean_motion(store, stats["split"]["train"], window), shape),
-    }
-    omitted = {}
-    if window.n_obs_steps >= 2:
+@dataclass(frozen=True)
+class Baselines:
+    """The learning-free baselines, built once from the training episodes for every side."""
+
+    window: WindowConfig
+    mean_motion: np.ndarray  # (T, 10)
+    width_range: tuple[float, float] | None
+    nearest_neighbour: NearestNeighbourIndex
+
+    @classmethod
+    def build(cls, store: Path, stats: dict[str, Any], window: WindowConfig, config: EvalConfig) -> Baselines:
+        train = stats["split"]["train"]
         width_range = training_width_range(stats)
-        if width_range is None:
+        if width_range is None and window.n_obs_steps >= 2:
             log.warning(
                 "the statistics hold no training width range: constant velocity's width is not clipped"
             )
-        chunks["constant_velocity"] = constant_velocity(obs_pose, obs_width, window.horizon, width_range)
-    else:
-        omitted["constant_velocity"] = "needs n_obs_steps >= 2 to see a motion; the policy observes 1 step"
-    current_frames = samples.batch["obs_images"][:, -1].numpy()
-    nn = config.nearest_neighbour()
-    chunks["nearest_neighbour"], nn_cost = nearest_neighbour_chunks(
-        store, stats["split"]["train"], window, obs_pose, obs_width, current_frames, nn
-    )
-    return chunks, omitted, {"nearest_neighbour": nn_cost}
+        return cls(
+            window,
+            mean_motion(store, train, window),
+            width_range,
+            NearestNeighbourIndex.build(store, train, window, config.nearest_neighbour()),
+        )
+
+    def chunks(self, samples: Samples) -> tuple[dict[str, np.ndarray], dict[str, str], float]:
+        """The baselines' chunks (N, T, 10) on the samples, {name: why} for those that cannot be
+        made, and the nearest neighbour's search seconds."""
+        window = self.window
+        obs_pose, obs_width = (
+            samples.batch["obs_pose"].double().numpy(),
+            samples.batch["obs_width"].double().numpy(),
+        )
+        chunks = {
+            "hold_still": hold_still(len(samples), window.horizon),
+            "mean_motion": np.broadcast_to(self.mean_motion, (len(samples), window.horizon, 10)),
+        }
+        omitted = {}
+        if window.n_obs_steps >= 2:
+            chunks["constant_velocity"] = constant_velocity(
+                obs_pose, obs_width, window.horizon, self.width_range
+            )
+        else:
+            omitted["constant_velocity"] = (
+                "needs n_obs_steps >= 2 to see a motion; the policy observes 1 step"
+            )
+        chunks["nearest_neighbour"], search_s = self.nearest_neighbour.chunks_for(
+            obs_pose, obs_width, samples.batch["obs_images"][:, -1].numpy()
+        )
+        return chunks, omitted, search_s
+
+
+def held_out_sides(stats: dict[str, Any]) -> dict[str, list[int]]:
+    """{side: episodes} that eval reports, the headline first: the test side, which chose nothing,
+    then validation, which chose the settings (validation alone when there is no test side)."""
+    split = stats["split"]
+    if "test" not in split:
+        raise ValueError(
+            "the statistics predate the test side (their split has no 'test'): rerun `dvc repro stats`"
+        )
+    return ({"test": split["test"]} if split["test"] else {}) | {"validation": split["val"]}
 
 
 def other_episode_images(samples: Samples, seed: int) -> torch.Tensor | None:
     """Each sample's observation frames replaced by those of a sample of another episode
-    (a seeded shuffle); None with a single validation episode."""
+    (a seeded shuffle); None with a single episode."""
     if len(set(samples.episodes.tolist())) < 2:
         return None
     return samples.batch["obs_images"][torch.from_numpy(foreign_episode_partners(samples.episodes, seed))]
@@ -179,18 +211,56 @@ def executed_errors(chunk: np.ndarray, recorded: np.ndarray, n_action_steps: int
 def evaluate(
     policy: DiffusionPolicy, store: Path, stats: dict[str, Any], config: EvalConfig
 ) -> dict[str, Any]:
+    """The report of every held-out side (`held_out_sides`), the headline's first; the headline's
+    per-step errors, samples and chunks (for the plots); the baselines' seconds."""
     pc = policy.config
     window = WindowConfig(pc.n_obs_steps, pc.horizon, pc.n_action_steps)
-    samples = collect_samples(store, stats["split"]["val"], window, config.stride)
+    sides = held_out_sides(stats)
+    baselines = Baselines.build(store, stats, window, config)
+    report: dict[str, Any] = {"headline": next(iter(sides))}
+    if "test" not in sides:
+        report["no_test_side"] = (
+            "stats.test_fraction is 0: the headline is validation, the side the settings were chosen on, "
+            "so its numbers are optimistic"
+        )
+    results, search_s = {}, 0.0
+    for side, episodes in sides.items():
+        results[side] = evaluate_side(policy, store, episodes, stats, baselines, config)
+        report[side] = results[side]["report"]
+        search_s += results[side]["search_s"]
+    headline = results[report["headline"]]
+    return {
+        "report": report,
+        "per_step_position_mm": headline["per_step_position_mm"],
+        "samples": headline["samples"],
+        "chunks": headline["chunks"],
+        # Seconds differ from run to run: kept out of the report, whose bytes depend on the inputs only.
+        "baseline_cost_s": {
+            "nearest_neighbour": {"build_s": baselines.nearest_neighbour.build_s, "predict_s": search_s}
+        },
+    }
+
+
+def evaluate_side(
+    policy: DiffusionPolicy,
+    store: Path,
+    episodes: list[int],
+    stats: dict[str, Any],
+    baselines: Baselines,
+    config: EvalConfig,
+) -> dict[str, Any]:
+    """One held-out side: the policy, the baselines and the ablations on its samples."""
+    pc = policy.config
+    samples = collect_samples(store, episodes, baselines.window, config.stride)
     recorded = samples.batch["action"].double().numpy()
-    log.info("evaluating on %d samples of %d validation episodes", len(samples), len(stats["split"]["val"]))
+    log.info("evaluating on %d samples of %d held-out episodes", len(samples), len(episodes))
 
     chunks = {"policy": predict(policy, samples.batch, config.batch_size, config.seed)}
-    baselines, omitted, baseline_cost_s = baseline_chunks(samples, store, stats, window, config)
-    chunks |= baselines
+    baseline_chunks, omitted, search_s = baselines.chunks(samples)
+    chunks |= baseline_chunks
     other = other_episode_images(samples, config.seed)
     if other is None:
-        omitted[ABLATION_OTHER_EPISODES] = "needs at least 2 validation episodes"
+        omitted[ABLATION_OTHER_EPISODES] = "needs at least 2 episodes on this side"
     else:
         chunks[ABLATION_OTHER_EPISODES] = predict(
             policy, samples.batch | {"obs_images": other}, config.batch_size, config.seed
@@ -219,7 +289,7 @@ def evaluate(
             if len(per_step) <= h:
                 per_step.append({"step": h + 1})
             per_step[h][name] = value
-    for baseline in baselines:
+    for baseline in baseline_chunks:
         report[f"ratio_to_{baseline}"] = {
             c: report["policy"][c]["executed"]["mean"] / max(report[baseline][c]["executed"]["mean"], 1e-12)
             for c in COMPONENTS
@@ -227,7 +297,7 @@ def evaluate(
     summary = seeds_summary(
         {c: executed["policy"][c][None] for c in COMPONENTS},
         {c: executed[ABLATION_OTHER_EPISODES][c][None] for c in COMPONENTS} if other is not None else None,
-        {b: executed[b] for b in baselines},
+        {b: executed[b] for b in baseline_chunks},
         samples.episodes,
         config.seed,
         config.bootstrap_resamples,
@@ -253,7 +323,7 @@ def evaluate(
     )
     report["camera_ablation_gap_position_mm"] = gaps
     report["moving_vs_still"] = moving_vs_still(
-        {name: executed[name] for name in ("policy", *baselines)},
+        {name: executed[name] for name in ("policy", *baseline_chunks)},
         moving_samples(recorded, pc.n_action_steps, config.moving_position_mm, config.moving_width_mm),
         samples.episodes,
         config,
@@ -261,13 +331,12 @@ def evaluate(
     report["spread_mm"] = _spread(policy, samples, config)
     report["omitted"] = omitted
     report["skipped"] = samples.skipped
-    # Seconds differ from run to run: kept out of the report, whose bytes depend on the inputs only.
     return {
         "report": report,
         "per_step_position_mm": per_step,
         "samples": samples,
         "chunks": chunks,
-        "baseline_cost_s": baseline_cost_s,
+        "search_s": search_s,
     }
 
 
@@ -338,8 +407,10 @@ def compare_policies(
     store: Path,
     stats: dict[str, Any],
     config: EvalConfig,
+    held_out: str = "validation",
 ) -> dict[str, Any]:
-    """Policies on the same validation samples, each side a list of seeds of one configuration.
+    """Policies on the same samples of one held-out side (`held_out`: "validation", where choices
+    are made, or "test"), each side a list of seeds of one configuration.
 
     Per side and component: the policy's executed error, each baseline's, the ratio to the best
     baseline and the in-distribution camera ablation gap; with B, the difference B - A. Every
@@ -363,15 +434,22 @@ def compare_policies(
             )
     first = policies[0].config
     window = WindowConfig(first.n_obs_steps, first.horizon, min(p.config.n_action_steps for p in policies))
-    samples = collect_samples(store, stats["split"]["val"], window, config.stride)
+    held_out_episodes = held_out_sides(stats)
+    if held_out not in held_out_episodes:
+        raise ValueError(
+            f"no {held_out} side: the statistics hold none (stats.test_fraction is 0)"
+            if held_out == "test"
+            else f"held_out must be 'validation' or 'test', got {held_out!r}"
+        )
+    samples = collect_samples(store, held_out_episodes[held_out], window, config.stride)
     recorded = samples.batch["action"].double().numpy()
-    baselines, omitted, _ = baseline_chunks(samples, store, stats, window, config)
+    baselines, omitted, _ = Baselines.build(store, stats, window, config).chunks(samples)
     baseline_errors = {
         b: executed_errors(chunk, recorded, window.n_action_steps) for b, chunk in baselines.items()
     }
     other = other_episode_images(samples, config.seed)
     if other is None:
-        omitted[ABLATION_OTHER_EPISODES] = "needs at least 2 validation episodes"
+        omitted[ABLATION_OTHER_EPISODES] = "needs at least 2 episodes on this side"
 
     def stacked(side: list[DiffusionPolicy], images: torch.Tensor | None) -> dict[str, np.ndarray]:
         batch = samples.batch if images is None else samples.batch | {"obs_images": images}
@@ -384,6 +462,7 @@ def compare_policies(
         return {c: np.stack([e[c] for e in per_seed]) for c in COMPONENTS}  # (S, N)
 
     result: dict[str, Any] = {
+        "held_out": held_out,
         "samples": len(samples),
         "episodes": len(set(samples.episodes.tolist())),
         "skipped_episodes": len(samples.skipped),
@@ -433,8 +512,8 @@ def verdict(component: str, difference: dict[str, Any]) -> str:
 def comparison_table(result: dict[str, Any]) -> list[str]:
     """The readable form of `compare_policies`' result: one table per side, then B - A."""
     lines = [
-        f"{result['samples']} samples of {result['episodes']} validation episodes, error over the first "
-        f"{result['n_action_steps']} (executed) steps; [95% CI], "
+        f"{result['samples']} samples of {result['episodes']} {result['held_out']} episodes, "
+        f"error over the first {result['n_action_steps']} (executed) steps; [95% CI], "
         f"{result['bootstrap_resamples']} bootstrap resamples",
         f"  CIs: {result['ci_method']}",
     ]

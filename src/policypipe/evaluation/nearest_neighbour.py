@@ -123,24 +123,35 @@ def training_windows(
     return TrainingWindows(feature_blocks(w.obs_pose, w.obs_width, frames, config.image_size), w.action)
 
 
-def nearest_neighbour_chunks(
-    store: Path,
-    train_episodes: list[int],
-    window: WindowConfig,
-    obs_pose: np.ndarray,
-    obs_width: np.ndarray,
-    current_frames: np.ndarray,
-    config: NearestNeighbourConfig,
-) -> tuple[np.ndarray, dict[str, float]]:
-    """(N, T, 10) the baseline's chunks for the observations, and its cost in seconds
-    ({"build_s": reading and featurising the training windows, "predict_s": the search})."""
-    t0 = time.perf_counter()
-    train = training_windows(store, train_episodes, window, config)
-    scales = block_scales(train.blocks)
-    train_x = weighted_features(train.blocks, scales, config.weights)
-    t1 = time.perf_counter()
-    queries = weighted_features(
-        feature_blocks(obs_pose, obs_width, current_frames, config.image_size), scales, config.weights
-    )
-    chunks = average_chunks(train.chunks[nearest(train_x, queries, config.k)])
-    return chunks, {"build_s": t1 - t0, "predict_s": time.perf_counter() - t1}
+@dataclass(frozen=True)
+class NearestNeighbourIndex:
+    """The training windows, featurised once, for every side evaluated."""
+
+    config: NearestNeighbourConfig
+    scales: dict[str, np.ndarray]
+    features: np.ndarray  # (M, D) weighted
+    chunks: np.ndarray  # (M, T, 10)
+    build_s: float  # reading and featurising the training windows
+
+    @classmethod
+    def build(
+        cls, store: Path, train_episodes: list[int], window: WindowConfig, config: NearestNeighbourConfig
+    ) -> NearestNeighbourIndex:
+        t0 = time.perf_counter()
+        train = training_windows(store, train_episodes, window, config)
+        scales = block_scales(train.blocks)
+        features = weighted_features(train.blocks, scales, config.weights)
+        return cls(config, scales, features, train.chunks, time.perf_counter() - t0)
+
+    def chunks_for(
+        self, obs_pose: np.ndarray, obs_width: np.ndarray, current_frames: np.ndarray
+    ) -> tuple[np.ndarray, float]:
+        """(N, T, 10) the baseline's chunks for the observations, and the search's seconds."""
+        t0 = time.perf_counter()
+        queries = weighted_features(
+            feature_blocks(obs_pose, obs_width, current_frames, self.config.image_size),
+            self.scales,
+            self.config.weights,
+        )
+        chunks = average_chunks(self.chunks[nearest(self.features, queries, self.config.k)])
+        return chunks, time.perf_counter() - t0

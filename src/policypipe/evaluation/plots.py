@@ -40,7 +40,10 @@ def write_eval_plots(
     out_dir: Path,
     n_action_steps: int,
     episodes: int,
+    side: str = "held-out episodes",
 ) -> list[Path]:
+    """Predicted against recorded chunks for `episodes` episodes of the samples (of `side`, named in
+    the titles) and the error along the horizon."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     root = zarr.open_group(store, mode="r")
@@ -93,7 +96,7 @@ def write_eval_plots(
         if name in chunks:
             axes[0, 0].plot([], [], color=color, ls=style, label=LABELS[name] + " (executed steps)")
     axes[0, 0].legend(fontsize=7, loc="best")
-    fig.suptitle("predicted action chunks against the recorded future, validation episodes")
+    fig.suptitle(f"predicted action chunks against the recorded future, {side}")
     written.append(save_png(fig, out_dir / "predicted_vs_recorded.png", dpi=100))
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -105,7 +108,7 @@ def write_eval_plots(
     ax.set(
         xlabel="horizon step",
         ylabel="position error (mm)",
-        title="error along the horizon (dashed: executed)",
+        title=f"error along the horizon, {side} (dashed: executed)",
     )
     ax.legend(fontsize=8)
     written.append(save_png(fig, out_dir / "error_vs_horizon.png", dpi=100))

@@ -66,7 +66,7 @@ _TASK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 class SampleConfig:
     """What `write_sample_export` writes. The defaults are the demo export."""
 
-    recordings: int = 32  # good recordings; defects come on top
+    recordings: int = 96  # good recordings; defects come on top (96: docs/sample-data.md)
     seed: int = 0
     # "image": CompressedImage JPEG on /camera0/image; "video": CompressedVideo H.264 on /camera0/video
     camera: str = "image"
