@@ -122,9 +122,16 @@ def main() -> None:
         run.details["slurm_segments"] = segments
     run.add_outputs([args.metrics])
     run.write(args.provenance)
+    best = metrics["val_executed_best"]
+    executed = (
+        f"best executed error on the validation windows {best['position_mm']:.2f} mm, "
+        f"{best['rotation_deg']:.2f} deg, {best['width_mm']:.2f} mm; "
+        if best
+        else ""
+    )
     print(
         f"trained {result.steps} steps: val loss {metrics['val_loss_first']:.4f} "
-        f"-> best {metrics['val_loss_best']:.4f}, "
+        f"-> best {metrics['val_loss_best']:.4f}, {executed}"
         f"{metrics['samples_per_s']:.0f} samples/s, {metrics['wall_time_s']:.0f} s",
         file=sys.stdout,
     )

@@ -126,16 +126,21 @@ def test_train_stage_exports_a_policy_with_checkpoints_and_metrics(pipeline_repo
     metrics = json.loads((pipeline_repo / "metrics/train.json").read_text())
     assert metrics["steps"] == 6 and metrics["val_loss_first"] > 0 and metrics["samples_per_s"] > 0
     checkpoints = {p.name for p in (pipeline_repo / "data/train/checkpoints").iterdir()}
-    assert "latest" in checkpoints and any(n.startswith("val_loss-") for n in checkpoints)
+    assert "latest" in checkpoints and any(n.startswith("executed_error-") for n in checkpoints)
+    assert metrics["val_executed_best"]["score"] > 0
     assert run(pipeline_repo, "policypipe", "verify", "data/policy").startswith("OK")
     assert (pipeline_repo / "metrics/train/plots/metrics/train/train_loss.tsv").is_file()
     assert (pipeline_repo / "data/train/log.jsonl").read_text().count("\n") == 6
 
 
 def test_eval_stage_reports_errors_baselines_and_plots(pipeline_repo: Path) -> None:
-    report = json.loads((pipeline_repo / "metrics/eval.json").read_text())
-    assert report["samples"] > 0 and report["skipped_episodes"] == 0
-    assert set(report["ratio_to_hold_still"]) == {"position_mm", "rotation_deg", "width_mm"}
+    metrics = json.loads((pipeline_repo / "metrics/eval.json").read_text())
+    # 3 recordings: one each for training, validation and the test side, the headline.
+    assert metrics["headline"] == "test"
+    for side in ("test", "validation"):
+        report = metrics[side]
+        assert report["episodes"] == 1 and report["samples"] > 0 and report["skipped_episodes"] == 0
+        assert set(report["ratio_to_hold_still"]) == {"position_mm", "rotation_deg", "width_mm"}
     per_step = json.loads((pipeline_repo / "metrics/eval_per_step.json").read_text())
     assert [row["step"] for row in per_step] == list(range(1, 17))
     assert {p.name for p in (pipeline_repo / "metrics/plots/eval").iterdir()} == {

@@ -12,7 +12,8 @@ from policypipe.progress import Progress
 
 
 class TrainingLog:
-    """`log_step(record)`: one record a step (`step`, `train_loss`, and `val_loss` when validated)."""
+    """`log_step(record)`: one record a step (`step`, `train_loss`; `val_loss` when validated and the
+    `val_executed_*` errors at a ranked checkpoint)."""
 
     def __init__(self, total: int, live_dir: Path, jsonl: Path, stream: TextIO | None = None) -> None:
         self.total, self.live_dir, self.jsonl, self.stream = total, live_dir, jsonl, stream
@@ -37,7 +38,8 @@ class TrainingLog:
         self.live.step = record["step"]
         for key, value in record.items():
             if key != "step":
-                self.live.log_metric(f"train/{key}" if key != "val_loss" else "val/loss", value)
+                # val_loss -> val/loss, val_executed_score -> val/executed_score, lr -> train/lr
+                self.live.log_metric(f"val/{key[4:]}" if key.startswith("val_") else f"train/{key}", value)
         self.live.next_step()
         with open(self.jsonl, "a") as f:
             f.write(json.dumps(record) + "\n")

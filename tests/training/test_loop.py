@@ -1,5 +1,5 @@
 """The training loop on a tiny real store: exact resume after SIGKILL (one process and two),
-refused resume, checkpoint faults, top-k by validation loss, out of memory on one rank of two,
+refused resume, checkpoint faults, top-k by either ranking, out of memory on one rank of two,
 the EMA schedule, weights independent of the process's thread count and of data workers."""
 
 from __future__ import annotations
@@ -50,17 +50,37 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(run_dir / "checkpoints" / "latest" / "model.safetensors")
 
 
-def test_run_writes_latest_and_top_k_by_validation_loss_and_learns(dataset, tmp_path: Path) -> None:
-    result = run_training(dataset, tmp_path / "run")
+@pytest.mark.parametrize("rank_by", ["executed_error", "val_loss"])
+def test_run_writes_latest_and_top_k_by_its_ranking_and_learns(dataset, tmp_path: Path, rank_by) -> None:
+    result = run_training(dataset, tmp_path / "run", rank_by=rank_by)
     names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert "latest" in names and len(names) == 1 + CONFIG.keep_top_k
-    assert all(n.startswith("val_loss-") for n in names if n != "latest")
+    assert all(n.startswith(f"{rank_by}-") for n in names if n != "latest")
     history = json.loads((tmp_path / "run" / "history.json").read_text())
-    best = sorted(v for _, v in history["val"])[: CONFIG.keep_top_k]
+    assert history["rank_by"] == rank_by
+    # Both measured at every checkpoint (steps 4, 8, 12), whichever ranks.
+    assert [s for s, _ in history["executed"]] == [4, 8, 12]
+    assert {s for s, _ in history["val"]} >= {4, 8, 12}
+    values = (
+        [v for s, v in history["val"] if s % 4 == 0]
+        if rank_by == "val_loss"
+        else [e["score"] for _, e in history["executed"]]
+    )
+    best = sorted(values)[: CONFIG.keep_top_k]
     assert sorted(float(n.split("-")[1]) for n in names if n != "latest") == pytest.approx(best, abs=1e-5)
     state = load_checkpoint(tmp_path / "run" / "checkpoints" / "latest")
     assert state.trainer["step"] == 12 and state.trainer["complete"]
     assert result.best_val_loss <= result.first_val_loss
+    assert result.best_executed["score"] == min(e["score"] for _, e in history["executed"])
+
+
+def test_the_ranking_does_not_change_the_weights(dataset, tmp_path: Path) -> None:
+    """Measuring the executed error draws its own noise: the run's RNG, and so its weights, are those
+    of a run ranked by validation loss."""
+    run_training(dataset, tmp_path / "executed", rank_by="executed_error")
+    run_training(dataset, tmp_path / "loss", rank_by="val_loss")
+    a, b = weights(tmp_path / "executed"), weights(tmp_path / "loss")
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 KILL_SCRIPT = """

@@ -16,7 +16,7 @@ It is written under a temporary name, every file fsynced, then renamed into plac
 that is replaced is first renamed aside and removed only after. Loading checks the manifest
 first and uses safetensors and JSON only: nothing executes pickled code.
 
-A run's folder holds `checkpoints/latest` and the top-k by validation loss; `resume_point`
+A run's folder holds `checkpoints/latest` and the top-k by `train.rank_by`; `resume_point`
 decides what a run continues from, `save_checkpoints` writes latest and the top-k slots.
 """
 
@@ -206,15 +206,44 @@ class RunIdentity:
 
 @dataclass
 class TrainHistory:
-    val: list[tuple[int, float]] = field(default_factory=list)
-    top_k: list[tuple[float, int, str]] = field(default_factory=list)  # (val loss, step, folder)
+    val: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
+    # (step, {component: executed error, "score": ...}) at every ranked checkpoint (training/ranking.py)
+    executed: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    top_k: list[tuple[float, int, str]] = field(default_factory=list)  # (rank_by's value, step, folder)
+    rank_by: str = "val_loss"  # what top_k's values are
+
+    def value(self, rank_by: str, step: int) -> float | None:
+        """The ranking value of `step` by `rank_by` (lower is better); None where not measured."""
+        if rank_by == "val_loss":
+            return next((v for s, v in reversed(self.val) if s == step), None)
+        return next((e["score"] for s, e in reversed(self.executed) if s == step), None)
+
+    def rerank(self, rank_by: str) -> None:
+        """Re-ranks the kept checkpoints by `rank_by` (a run resumed with another train.rank_by):
+        both values are recorded at every ranked checkpoint; one without the new value goes last."""
+        if rank_by == self.rank_by:
+            return
+        rescored = [(self.value(rank_by, step), step, name) for _, step, name in self.top_k]
+        self.top_k = sorted((math.inf if v is None else v, step, name) for v, step, name in rescored)
+        self.rank_by = rank_by
 
     def to_json(self) -> dict[str, Any]:
-        return {"val": [list(v) for v in self.val], "top_k": [list(t) for t in self.top_k]}
+        return {
+            "val": [list(v) for v in self.val],
+            "executed": [[step, errors] for step, errors in self.executed],
+            "top_k": [list(t) for t in self.top_k],
+            "rank_by": self.rank_by,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrainHistory:
-        return cls([tuple(v) for v in data["val"]], [tuple(t) for t in data["top_k"]])
+        # Runs from before the executed error was recorded ranked by validation loss.
+        return cls(
+            [tuple(v) for v in data["val"]],
+            [(step, errors) for step, errors in data.get("executed", [])],
+            [tuple(t) for t in data["top_k"]],
+            data.get("rank_by", "val_loss"),
+        )
 
 
 def trainer_state(identity, step, schedule, history, total) -> dict[str, Any]:
@@ -328,16 +357,17 @@ def save_checkpoints(
     run_dir: Path,
     ranked: bool = True,
 ) -> list[str]:
-    """latest, and (if `ranked`) a top-k slot named for the validation loss; a failed write keeps
-    training going."""
+    """latest, and (if `ranked`) a top-k slot named for its `train.rank_by` value; a failed write
+    keeps training going."""
     warnings = []
     targets = [checkpoints / LATEST]
     step = snapshot.trainer["step"]
-    current = next((v for s, v in reversed(history.val) if s == step), None) if ranked else None
+    history.rerank(config.rank_by)
+    current = history.value(config.rank_by, step) if ranked else None
     if current is not None and config.keep_top_k > 0:
         worst = max(history.top_k)[0] if len(history.top_k) >= config.keep_top_k else math.inf
         if current < worst:
-            name = f"val_loss-{current:.5f}-step-{step:07d}"
+            name = f"{config.rank_by}-{current:.5f}-step-{step:07d}"
             targets.append(checkpoints / name)
             history.top_k.append((current, step, name))
             history.top_k.sort()

@@ -16,6 +16,9 @@ from policypipe.config import ConfigError, from_mapping
 from policypipe.dataset.windows import WindowConfig
 from policypipe.policy.config import PolicyConfig, unet_horizon_multiple
 
+# What the top-k checkpoints can be ranked by (training/ranking.py).
+RANK_BY = ("executed_error", "val_loss")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -43,6 +46,11 @@ class TrainConfig:
     val_batches: int = 4
     checkpoint_every: int = 200
     keep_top_k: int = 2
+    # What the top-k are ranked by (training/ranking.py): "executed_error", the executed-step error
+    # of the EMA weights on rank_samples fixed validation windows relative to holding still's, or
+    # "val_loss". Both are recorded at every checkpoint; neither changes the weights.
+    rank_by: str = "executed_error"
+    rank_samples: int = 64
     num_processes: int = 1
     # local: this machine (num_processes > 1: relaunched with torch's launcher); slurm: the stage
     # submits itself as one job of num_processes processes over slurm.nodes nodes.
@@ -69,6 +77,7 @@ class TrainConfig:
             "num_processes",
             "min_device_batch",
             "cpu_threads",
+            "rank_samples",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -103,6 +112,8 @@ class TrainConfig:
                     f"slurm.gpus_per_node {self.slurm.gpus_per_node} must be 0 (CPU processes) or the "
                     f"processes per node, num_processes / slurm.nodes = {per_node} (one process a GPU)"
                 )
+        if self.rank_by not in RANK_BY:
+            raise ValueError(f"rank_by must be one of {RANK_BY}, got {self.rank_by!r}")
         if self.mixed_precision not in ("no", "bf16"):
             raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
         for name in ("ema_inv_gamma", "ema_power"):
@@ -131,6 +142,8 @@ class TrainConfig:
             "val_batches",
             "checkpoint_every",
             "keep_top_k",
+            "rank_by",
+            "rank_samples",
             "grad_accum",
             "min_device_batch",
             "launcher",

@@ -45,6 +45,7 @@ from policypipe.training.distributed import (
     any_process,
     backward_agreeing_on_memory,
 )
+from policypipe.training.ranking import ExecutedErrorProbe
 from policypipe.training.sampler import EpochSampler, MicroBatches, fixed_val_batches
 from policypipe.training.schedules import ema_decay, ema_update, lr_factor
 
@@ -74,6 +75,8 @@ class TrainResult:
     resumed_from: int | None
     first_val_loss: float | None
     best_val_loss: float | None
+    # The best executed-step error on the fixed validation windows (training/ranking.py), if measured.
+    best_executed: dict[str, float] | None
     last_train_loss: float
     samples_per_s: float
     data_wait_fraction: float
@@ -91,6 +94,7 @@ class TrainResult:
             "resumed_from_step": self.resumed_from,
             "val_loss_first": self.first_val_loss,
             "val_loss_best": self.best_val_loss,
+            "val_executed_best": self.best_executed,
             "train_loss_last": self.last_train_loss,
             "samples_per_s": round(self.samples_per_s, 2),
             "data_wait_fraction": round(self.data_wait_fraction, 4),
@@ -259,6 +263,12 @@ def _train_once(
         persistent_workers=config.num_workers > 0,
     )
     val_batches = fixed_val_batches(val_set, _device_batch(config), config.val_batches)
+    # Rank 0 alone ranks and writes checkpoints, so it alone measures the executed error.
+    probe = (
+        ExecutedErrorProbe.of(val_set, config.rank_samples, window.n_action_steps, config.seed)
+        if is_main
+        else None
+    )
     warnings: list[str] = []
 
     batches = iter(loader)
@@ -302,12 +312,17 @@ def _train_once(
         stopping = done == stop_after or interrupted
         scheduled = done % config.checkpoint_every == 0 or done == config.steps
         checkpointing = scheduled or stopping
-        # Every scheduled checkpoint gets a validation loss: the top-k are chosen by it. An
-        # interruption's checkpoint is only `latest`, to continue from: no validation there, so
-        # an interrupted and resumed run keeps the history (and top-k) of an uninterrupted one.
+        # Every scheduled checkpoint gets a validation loss and an executed-step error: the top-k
+        # are chosen by one of them (train.rank_by). An interruption's checkpoint is only `latest`,
+        # to continue from: no validation there, so an interrupted and resumed run keeps the
+        # history (and top-k) of an uninterrupted one.
         if done % config.val_every == 0 or scheduled or done == 1:
             record["val_loss"] = validation_loss(ema, val_batches, accelerator.device, config.seed)
             history.val.append((done, record["val_loss"]))
+        if scheduled and probe is not None:
+            executed = probe.measure(ema, accelerator.device)
+            history.executed.append((done, executed))
+            record |= {f"val_executed_{key}": value for key, value in executed.items()}
         if is_main and log_step is not None:
             log_step(record)
         if checkpointing:
@@ -337,6 +352,7 @@ def _train_once(
         resumed_from=resumed_from,
         first_val_loss=history.val[0][1] if history.val else None,
         best_val_loss=min((v for _, v in history.val), default=None),
+        best_executed=min((e for _, e in history.executed), key=lambda e: e["score"], default=None),
         last_train_loss=loss_value,
         samples_per_s=samples / max(busy_s, 1e-9),
         data_wait_fraction=wait_s / max(busy_s, 1e-9),
