@@ -9,8 +9,10 @@ Every kept checkpoint's EMA weights predict eval's samples (every `eval.stride`-
 seeded noise) of the validation side, where the default is chosen, and of the test side, which
 chose nothing. Each ranking's pick in a run is its best checkpoint by the run's own history; the
 exported policy is the last step's EMA weights. Printed per run: every checkpoint's recorded values
-and errors; then, over the runs, each pick's executed errors and B - A between the picks of the
-two rankings, with 95% CIs over seeds, then episodes, then samples (`difference_summary`).
+and errors; then, over the runs, each pick's executed errors and the difference between the two
+rankings' picks of each seed, with 95% CIs over seeds, then episodes, then samples
+(`hierarchical_bootstrap`). Each checkpoint's errors are kept in the run folder
+(bench_checkpoint_ranking/), so a rerun only bootstraps.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from safetensors.torch import load_file
 from policypipe.atomic import write_json_atomic
 from policypipe.config import read_section
 from policypipe.dataset.windows import WindowConfig
-from policypipe.evaluation.errors import difference_summary, seeds_summary
+from policypipe.evaluation.errors import hierarchical_bootstrap, percentile_ci
 from policypipe.evaluation.evaluate import (
     COMPONENTS,
     EvalConfig,
@@ -79,7 +81,21 @@ def main() -> None:
     }
     recorded = {side: s.batch["action"].double().numpy() for side, s in samples.items()}
 
-    def errors_of(ema_file: Path) -> dict[str, dict[str, np.ndarray]]:
+    def errors_of(run: Path, step: int, ema_file: Path) -> dict[str, dict[str, np.ndarray]]:
+        """Each side's per-sample executed errors, kept in the run folder (a rerun reads them; the
+        checkpoint folders are left as their manifests describe them)."""
+        cache = run / "bench_checkpoint_ranking" / f"step-{step:07d}.npz"
+        sizes = {side: len(s) for side, s in samples.items()}
+        if cache.exists():
+            with np.load(cache) as kept:
+                if all(kept[f"{side}/{COMPONENTS[0]}"].shape == (n,) for side, n in sizes.items()):
+                    return {side: {c: kept[f"{side}/{c}"] for c in COMPONENTS} for side in sizes}
+        errors = compute_errors(ema_file)
+        cache.parent.mkdir(exist_ok=True)
+        np.savez(cache, **{f"{side}/{c}": errors[side][c] for side in errors for c in COMPONENTS})
+        return errors
+
+    def compute_errors(ema_file: Path) -> dict[str, dict[str, np.ndarray]]:
         policy = DiffusionPolicy(config.model)
         policy.fit_normalizers(stats)
         policy.load_state_dict(load_file(ema_file))
@@ -97,7 +113,9 @@ def main() -> None:
     for run in args.runs:
         history = TrainHistory.from_json(json.loads((run / "history.json").read_text()))
         steps = checkpoint_steps(run)
-        errors = {step: errors_of(folder / "ema.safetensors") for step, folder in sorted(steps.items())}
+        errors = {
+            step: errors_of(run, step, folder / "ema.safetensors") for step, folder in sorted(steps.items())
+        }
         ranked = [
             s
             for s in steps
@@ -133,33 +151,29 @@ def main() -> None:
 
     result = {"runs": [str(r) for r in args.runs], "checkpoints": table, "sides": {}}
     for side, s in samples.items():
+        # (S, N) per pick: seed by sample; the two rankings' picks of one seed stay paired.
         stacked = {
             name: {c: np.stack([e[side][c] for e in picked[name]]) for c in COMPONENTS} for name in PICKS
         }
+        groups = {name: stacked[name] for name in PICKS} | {
+            "difference": {c: stacked["executed_error"][c] - stacked["val_loss"][c] for c in COMPONENTS}
+        }
+        reps = hierarchical_bootstrap(groups, s.episodes, eval_config.seed, eval_config.bootstrap_resamples)
         summary = {
             name: {
-                c: seeds_summary(
-                    {c: x[c]}, None, {}, s.episodes, eval_config.seed, eval_config.bootstrap_resamples
-                )[c]["policy"]
+                c: {"mean": float(x[c].mean()), "ci95": list(percentile_ci(reps[name][c]))}
                 for c in COMPONENTS
             }
-            for name, x in stacked.items()
+            for name, x in groups.items()
         }
-        difference = difference_summary(
-            stacked["val_loss"],
-            stacked["executed_error"],
-            s.episodes,
-            eval_config.seed,
-            eval_config.bootstrap_resamples,
-        )
-        result["sides"][side] = {"picks": summary, "executed_error_minus_val_loss": difference}
+        result["sides"][side] = summary
         episodes = len(set(s.episodes.tolist()))
         print(f"\n{side} side ({episodes} episodes, {len(s)} samples), {len(args.runs)} seeds:")
         for name in PICKS:
             print(f"  {name:>15s}: " + ", ".join(with_ci(summary[name][c], "") for c in COMPONENTS))
         print(
             "  executed_error - val_loss: "
-            + ", ".join(f"{c} {with_ci(difference[c], '+')}" for c in COMPONENTS)
+            + ", ".join(f"{c} {with_ci(summary['difference'][c], '+')}" for c in COMPONENTS)
         )
     if args.json:
         write_json_atomic(args.json, result)
