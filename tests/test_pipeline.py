@@ -81,7 +81,8 @@ def test_every_stage_records_its_provenance_with_the_dataset_fingerprint_from_co
 def test_dataset_report_stats_and_verify_after_repro(pipeline_repo: Path) -> None:
     report = json.loads((pipeline_repo / "metrics/dataset.json").read_text())
     stats = json.loads((pipeline_repo / "data/stats/stats.json").read_text())
-    assert report["episodes"] == 3 and report["train_episodes"] + report["val_episodes"] == 3
+    assert report["episodes"] == 3
+    assert (report["train_episodes"], report["val_episodes"], report["test_episodes"]) == (1, 1, 1)
     assert report["fingerprint"] == stats["dataset_fingerprint"]["sha256"]
     assert set(stats["lowdim"]) == {"action", "action_per_step", "obs.eef_pose_rel", "obs.gripper_width"}
     assert len(stats["lowdim"]["action"]["mean"]) == 10
