@@ -30,7 +30,10 @@ def targets(p: MotionPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
     return t, position, quaternion, p.width_at(t)
 
 
-def simulate(p: MotionPlan, t, position, quaternion, width, config: SimConfig = SimConfig()) -> Simulator:
+IDEAL = SimConfig()
+
+
+def simulate(p: MotionPlan, t, position, quaternion, width, config: SimConfig = IDEAL) -> Simulator:
     sim = Simulator(p.scene, start_state(p.scene, t[0], position[0], quaternion[0], width[0]), config)
     for i in range(1, len(t)):
         sim.step(t[i], position[i], quaternion[i], width[i])

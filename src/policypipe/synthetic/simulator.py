@@ -20,10 +20,10 @@ falls below that extent. The block is gripped if, at that moment, it lies betwee
 - along the approach (tool z): the fingers reach at least GRIP_MIN_DEPTH_M down the block's sides,
   and the fingertips are above the table (they cannot pass through it).
 Then the fingers stop on the block (their opening is its extent, less GRIP_SQUEEZE_M), the block
-is centred between them and keeps its pose relative to them. Closing anywhere else grips nothing (counted). Opening past the
-block's extent releases it: it falls straight down and comes to rest on the table where it is,
-with its yaw; released with its bottom more than DROP_HEIGHT_M above the table it fell (a
-failure), and off the table it is lost. Collisions are not simulated: the fingers pass through
+is centred between them and keeps its pose relative to them. Closing anywhere else grips
+nothing (counted). Opening past the block's extent releases it: it falls straight down and comes
+to rest on the table where it is, with its yaw; released with its bottom more than DROP_HEIGHT_M
+above the table it fell (a failure), and off the table it is lost. Collisions are not simulated: the fingers pass through
 the block and the TCP may go below the table top (the rollout's report does not reward either).
 
 Success: the block released, resting on the table, its centre within PLACE_RADIUS_M of the place
