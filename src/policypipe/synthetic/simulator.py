@@ -23,8 +23,9 @@ Then the fingers stop on the block (their opening is its extent, less GRIP_SQUEE
 is centred between them and keeps its pose relative to them. Closing anywhere else grips
 nothing (counted). Opening past the block's extent releases it: it falls straight down and comes
 to rest on the table where it is, with its yaw; released with its bottom more than DROP_HEIGHT_M
-above the table it fell (a failure), and off the table it is lost. Collisions are not simulated: the fingers pass through
-the block and the TCP may go below the table top (the rollout's report does not reward either).
+above the table it fell (a failure), and off the table it is lost. Collisions are not simulated:
+the fingers pass through the block and the TCP may go below the table top (nothing rewards
+either).
 
 Success: the block released, resting on the table, its centre within PLACE_RADIUS_M of the place
 mark's centre, before the time limit. PLACE_RADIUS_M is 20 mm: over 3,000 of the generator's
