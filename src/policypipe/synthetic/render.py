@@ -123,41 +123,62 @@ def render_frames_bgr(
     texture: np.ndarray | None = None,
 ):
     """Yields one (H, W, 3) uint8 BGR wrist-camera image per capture time in `t_ns` (N,)."""
-    width, height = image_size
-    k = camera_matrix(width, height)
     tex = table_texture(plan.scene) if texture is None else texture
     t_ns = np.asarray(t_ns, dtype=np.int64)
     position, quat = plan.pose_at(t_ns)
-    r_cam, c_cam = camera_in_world(position, quat)
     target_centre, target_yaw = plan.target_at(t_ns)
     grip = plan.width_at(t_ns)
-    origin = _texture_origin(plan.scene)
-    texture_to_world = np.array(
-        [[TEXTURE_M_PER_PX, 0.0, origin[0]], [0.0, TEXTURE_M_PER_PX, origin[1]], [0.0, 0.0, 1.0]]
-    )
     for i in range(len(t_ns)):
-        r_cw = r_cam[i].T
-        # Homography from the table plane z=0 to the image: K [r1 r2 t] (standard plane pose).
-        plane_to_image = k @ np.column_stack([r_cw[:, 0], r_cw[:, 1], -r_cw @ c_cam[i]])
-        image = cv2.warpPerspective(
+        image = render_view_bgr(
+            plan.scene,
             tex,
-            plane_to_image @ texture_to_world,
-            (width, height),
-            flags=cv2.INTER_LINEAR,
-            borderMode=cv2.BORDER_CONSTANT,
-            borderValue=FLOOR_BGR,
+            position[i],
+            quat[i],
+            target_centre[i],
+            float(target_yaw[i]),
+            float(grip[i]),
+            image_size,
         )
-        _draw_target(
-            image,
-            _box_corners(target_centre[i], float(target_yaw[i]), plan.scene.target_size),
-            r_cam[i],
-            c_cam[i],
-            k,
-        )
-        _draw_fingers(image, float(grip[i]), k)
         if timecode:
             draw_timecode(image, timecode_value(int(t_ns[i])))
         yield image
+
+
+def render_view_bgr(
+    scene: Scene,
+    texture: np.ndarray,
+    position: np.ndarray,
+    quat_xyzw: np.ndarray,
+    target_centre: np.ndarray,
+    target_yaw: float,
+    width_m: float,
+    image_size: tuple[int, int],
+) -> np.ndarray:
+    """(H, W, 3) uint8 BGR: the wrist camera's view with the TCP at `position` (3,) and `quat_xyzw`
+    (4,), the target block at `target_centre` (3,) turned by `target_yaw`, the fingers `width_m`
+    apart; `texture` is `table_texture(scene)`. What the recordings and the simulator both draw."""
+    width, height = image_size
+    k = camera_matrix(width, height)
+    (r_cam,), (c_cam,) = camera_in_world(np.asarray(position)[None], np.asarray(quat_xyzw)[None])
+    origin = _texture_origin(scene)
+    texture_to_world = np.array(
+        [[TEXTURE_M_PER_PX, 0.0, origin[0]], [0.0, TEXTURE_M_PER_PX, origin[1]], [0.0, 0.0, 1.0]]
+    )
+    r_cw = r_cam.T
+    # Homography from the table plane z=0 to the image: K [r1 r2 t] (standard plane pose).
+    plane_to_image = k @ np.column_stack([r_cw[:, 0], r_cw[:, 1], -r_cw @ c_cam])
+    image = cv2.warpPerspective(
+        texture,
+        plane_to_image @ texture_to_world,
+        (width, height),
+        flags=cv2.INTER_LINEAR,
+        borderMode=cv2.BORDER_CONSTANT,
+        borderValue=FLOOR_BGR,
+    )
+    corners = _box_corners(np.asarray(target_centre), target_yaw, scene.target_size)
+    _draw_target(image, corners, r_cam, c_cam, k)
+    _draw_fingers(image, width_m, k)
+    return image
 
 
 def render_frame(
