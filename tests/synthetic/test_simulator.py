@@ -8,6 +8,7 @@ import pytest
 from scipy.spatial.transform import Rotation
 
 from policypipe.synthetic.motion import MotionPlan, plan_motion
+from policypipe.synthetic.scene import FINGER_TIP_Z_M
 from policypipe.synthetic.simulator import (
     NS,
     PLACE_RADIUS_M,
@@ -122,3 +123,15 @@ def test_the_same_targets_give_the_same_episode() -> None:
     again = simulate(p, *targets(p))
     assert first.state.block_centre.tobytes() == again.state.block_centre.tobytes()
     assert (first.outcome(), first.grasps) == (again.outcome(), again.grasps)
+
+
+def test_the_table_stops_the_fingers() -> None:
+    p = plan(8)
+    t, position, quaternion, width = targets(p)
+    sim = simulate(p, t[:2], position[:2], quaternion[:2], width[:2])
+    below = position[1] - [0.0, 0.0, 0.5]  # half a metre into the table
+    sim.step(t[1] + 1, below, quaternion[1], width[1])
+    r = Rotation.from_quat(sim.state.quaternion).as_matrix()
+    tips = sim.state.position + r @ [0.0, 0.0, FINGER_TIP_Z_M]
+    assert tips[2] == pytest.approx(0.0, abs=1e-12)
+    assert np.allclose(sim.state.position[:2], below[:2])

@@ -4,7 +4,7 @@ carried and released by rules as simple as honest.
 
 State: the TCP pose, the finger opening, the block's pose and whether it is held.
 
-Tracking: ideal by default (the gripper is where the last target put it); with
+Tracking: ideal by default (the gripper is where the last target put it, the table permitting); with
 `SimConfig.max_speed_m_s` the TCP moves towards a target at most that fast, and with
 `SimConfig.latency_ns` every target takes effect that much later.
 
@@ -24,8 +24,8 @@ is centred between them and keeps its pose relative to them. Closing anywhere el
 nothing (counted). Opening past the block's extent releases it: it falls straight down and comes
 to rest on the table where it is, with its yaw; released with its bottom more than DROP_HEIGHT_M
 above the table it fell (a failure), and off the table it is lost. Collisions are not simulated:
-the fingers pass through the block and the TCP may go below the table top (nothing rewards
-either).
+the fingers pass through the block; only the table stops them (a target below its top leaves
+the fingertips on it).
 
 Success: the block released, resting on the table, its centre within PLACE_RADIUS_M of the place
 mark's centre, before the time limit. PLACE_RADIUS_M is 20 mm: over 3,000 of the generator's
@@ -122,8 +122,10 @@ class Simulator:
             if distance > reach:
                 target = s.position + offset * (reach / distance)
         s.t_ns = max(arrive_ns, s.t_ns)
-        s.position = target
         s.quaternion = np.asarray(quaternion, dtype=np.float64) / np.linalg.norm(quaternion)
+        # The table stops the fingers: a target below it leaves the fingertips on its top.
+        tips_z = target[2] + (Rotation.from_quat(s.quaternion).as_matrix() @ [0.0, 0.0, FINGER_TIP_Z_M])[2]
+        s.position = target + [0.0, 0.0, max(0.0, -tips_z)]
         self._contact(float(np.clip(width, 0.0, WIDTH_OPEN_M)))
         return s
 
