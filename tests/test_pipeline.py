@@ -115,6 +115,8 @@ def test_second_repro_changes_nothing(pipeline_repo: Path) -> None:
         "metrics/eval.json",
         "metrics/eval_per_step.json",
         "metrics/provenance/eval.json",
+        "metrics/rollout.json",
+        "metrics/provenance/rollout.json",
     ]
     before = {p: (pipeline_repo / p).read_bytes() for p in watched}
     out = run(pipeline_repo, "dvc", "repro")
@@ -150,6 +152,21 @@ def test_eval_stage_reports_errors_baselines_and_plots(pipeline_repo: Path) -> N
     }
     shown = run(pipeline_repo, "dvc", "metrics", "show")
     assert "metrics/eval.json" in shown
+
+
+def test_rollout_stage_reports_the_policy_and_the_references_with_a_contact_sheet_and_a_video(
+    pipeline_repo: Path,
+) -> None:
+    metrics = json.loads((pipeline_repo / "metrics/rollout.json").read_text())
+    assert metrics["scenes"]["seeds"] == [0, 1]
+    for controller in ("policy", "demonstration_replay", "hold_still"):
+        summary = metrics[controller]
+        assert summary["episodes"] == 2 and sum(summary["outcomes"].values()) == 2
+        assert summary["success_ci95"]["method"] == "Wilson score interval"
+    # One second is too short for the demonstration; holding still never closes.
+    assert metrics["hold_still"]["outcomes"]["never_closed_on_block"] == 2
+    plots = sorted(p.name for p in (pipeline_repo / "metrics/plots/rollout").iterdir())
+    assert plots[0] == "final_frames.png" and len(plots) == 2 and plots[1].endswith(".mp4")
 
 
 def test_every_series_dvc_yaml_plots_names_is_in_the_output_with_every_baseline(pipeline_repo: Path) -> None:
@@ -195,5 +212,6 @@ def test_manifest_is_identical_in_another_checkout_location(pipeline_repo: Path,
         "metrics/dataset.json",
         "data/policy/model.safetensors",
         "metrics/eval.json",
+        "metrics/rollout.json",
     ):
         assert (other / output).read_bytes() == (pipeline_repo / output).read_bytes(), output

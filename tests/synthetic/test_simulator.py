@@ -65,6 +65,8 @@ def test_a_grasp_beside_the_block_grips_nothing() -> None:
     sim = simulate(p, t, beside, quaternion, width)
     assert sim.outcome() == "closed_on_nothing" and sim.grasps == 0 and sim.closes_on_nothing == 1
     assert np.allclose(sim.state.block_centre[:2], p.scene.target_xy)  # the block never moved
+    (missed,) = sim.missed_closes  # why: the block is not across the fingers
+    assert missed["across_m"] < 0 and missed["depth_m"] > 0
 
 
 def test_a_grasp_too_high_grips_nothing() -> None:
@@ -72,7 +74,10 @@ def test_a_grasp_too_high_grips_nothing() -> None:
     t, position, quaternion, width = targets(p)
     high = position.copy()
     high[:, 2] += 0.03  # fingertips 3 cm higher: they close above the block
-    assert simulate(p, t, high, quaternion, width).outcome() == "closed_on_nothing"
+    sim = simulate(p, t, high, quaternion, width)
+    assert sim.outcome() == "closed_on_nothing"
+    (missed,) = sim.missed_closes
+    assert missed["depth_m"] < 0 and missed["across_m"] > 0
 
 
 def test_releasing_over_the_mark_counts_and_beside_it_does_not() -> None:

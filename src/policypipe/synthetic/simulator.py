@@ -106,6 +106,8 @@ class Simulator:
     closes_on_nothing: int = 0
     grasps: int = 0
     release: str | None = None  # None until released: "resting" or "dropped"
+    # Where the block was, in the tool frame, at each close that gripped nothing (a failure's why).
+    missed_closes: list[dict[str, float]] = field(default_factory=list)
     _grip: _Grip | None = None
     _closing: bool = False  # the opening is below the block's extent (a close in progress)
     _widest: float = 0.0  # the widest opening since the fingers last closed
@@ -156,6 +158,7 @@ class Simulator:
                 s.block_centre = s.position + r_world_tool @ centre_in_tool
                 return
             self.closes_on_nothing += 1
+            self.missed_closes.append(self._close_geometry(r_world_tool, extent, self._widest))
         elif commanded >= extent and self._closing:
             self._closing, self._widest = False, commanded
         s.width = commanded
@@ -180,16 +183,24 @@ class Simulator:
         _, angle = self._block_in_tool(r_world_tool)
         return abs(math.cos(angle)) * narrow + abs(math.sin(angle)) * long
 
-    def _between_fingers(self, r_world_tool: np.ndarray, extent: float, opening: float) -> bool:
+    def _close_geometry(self, r_world_tool: np.ndarray, extent: float, opening: float) -> dict[str, float]:
+        """The block against the fingers as they close: the margins of each grip condition (a
+        condition holds where its margin is >= 0), in metres."""
         narrow, long, height = self.scene.target_size
         centre, angle = self._block_in_tool(r_world_tool)
         along = abs(math.cos(angle)) * long + abs(math.sin(angle)) * narrow  # its extent along tool x
-        across_ok = abs(centre[1]) + extent / 2.0 <= opening / 2.0 + GRIP_SLACK_M
-        along_ok = abs(centre[0]) <= along / 2.0 + FINGER_HALF_DEPTH_M
         # Tool z points down: the block's top face is at centre_z - height / 2 in the tool frame.
         depth = FINGER_TIP_Z_M - (centre[2] - height / 2.0)
-        tips_above_table = (self.state.position + r_world_tool @ [0.0, 0.0, FINGER_TIP_Z_M])[2] >= -1e-4
-        return across_ok and along_ok and depth >= GRIP_MIN_DEPTH_M and tips_above_table
+        tips_z = (self.state.position + r_world_tool @ [0.0, 0.0, FINGER_TIP_Z_M])[2]
+        return {
+            "across_m": opening / 2.0 + GRIP_SLACK_M - (abs(centre[1]) + extent / 2.0),
+            "along_m": along / 2.0 + FINGER_HALF_DEPTH_M - abs(centre[0]),
+            "depth_m": depth - GRIP_MIN_DEPTH_M,
+            "tips_above_table_m": tips_z + 1e-4,
+        }
+
+    def _between_fingers(self, r_world_tool: np.ndarray, extent: float, opening: float) -> bool:
+        return min(self._close_geometry(r_world_tool, extent, opening).values()) >= 0.0
 
     def distance_to_mark(self) -> float:
         return float(np.linalg.norm(self.state.block_centre[:2] - self.scene.place_xy))

@@ -1,0 +1,1 @@
+"""Closed-loop episodes in the synthetic sample scene: the runtime drives the simulator."""

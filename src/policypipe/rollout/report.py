@@ -1,0 +1,228 @@
+"""Many closed-loop episodes, the policy's and the references', on the same new scenes: success
+rates with Wilson intervals, the failure breakdown, time to success, a contact sheet of final
+frames and a few videos (the `rollout` stage).
+
+References on the same scenes: the scene's own demonstration replayed open loop (near 100 %, or
+the simulator is wrong) and holding still (0 %). Episodes run in worker processes, one policy
+runner in each, with one intra-op thread: the outcomes do not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from policypipe.rollout.episode import (
+    DemonstrationReplay,
+    EpisodeResult,
+    HoldStill,
+    RolloutConfig,
+    rollout_scene,
+    run_episode,
+)
+from policypipe.synthetic.simulator import OUTCOMES, SimConfig
+
+CONTROLLERS = ("policy", "demonstration_replay", "hold_still")
+
+
+@dataclass(frozen=True)
+class RolloutStageConfig:
+    """`rollout` section of params.yaml."""
+
+    episodes: int = 50
+    # Scenes first_seed .. first_seed + episodes - 1 (`episode.rollout_scene`: never a recording's).
+    first_seed: int = 0
+    time_limit_s: float = 14.0
+    latency_ms: float = 0.0  # every target takes effect this much later
+    max_speed_m_s: float | None = None  # None: ideal tracking
+    videos: int = 3  # episodes of the policy written as MP4: failures and successes, by seed
+    workers: int = 0  # processes (0: all cores); the outcomes do not depend on it
+    seed: int = 0  # the policy runner's noise
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1 or self.first_seed < 0 or self.videos < 0 or self.workers < 0:
+            raise ValueError("rollout.episodes must be >= 1; first_seed, videos and workers >= 0")
+        if not self.time_limit_s > 0 or self.latency_ms < 0:
+            raise ValueError("rollout.time_limit_s must be > 0 and latency_ms >= 0")
+        SimConfig(int(round(self.latency_ms * 1e6)), self.max_speed_m_s)  # its checks
+
+    def episode_config(self, frequency_hz: float) -> RolloutConfig:
+        return RolloutConfig(
+            time_limit_s=self.time_limit_s,
+            frequency_hz=frequency_hz,
+            sim=SimConfig(int(round(self.latency_ms * 1e6)), self.max_speed_m_s),
+        )
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a success rate (95 % with the default z)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def summary(results: list[EpisodeResult]) -> dict[str, Any]:
+    """Success rate with its Wilson 95 % CI, the outcomes counted, time to success."""
+    n = len(results)
+    outcomes = Counter(r.outcome for r in results)
+    successes = outcomes["success"]
+    low, high = wilson_interval(successes, n)
+    times = [r.duration_s for r in results if r.outcome == "success"]
+    missed = [m for r in results for m in r.missed_closes]
+    return {
+        "episodes": n,
+        "success_rate": successes / n,
+        "success_ci95": {"ci95_low": low, "ci95_high": high, "method": "Wilson score interval"},
+        "outcomes": {o: outcomes[o] for o in OUTCOMES},
+        "time_to_success_s": {"mean": float(np.mean(times)), "max": float(np.max(times))} if times else None,
+        "seeds": {o: [r.seed for r in results if r.outcome == o] for o in OUTCOMES if outcomes[o]},
+        # Why the closes that gripped nothing missed: each grip condition's median margin (mm; a
+        # condition failed where it is negative), over every such close (`Simulator.missed_closes`).
+        "missed_closes": {
+            "count": len(missed),
+            "median_margin_mm": {
+                k.removesuffix("_m"): round(1000 * float(np.median([m[k] for m in missed])), 1)
+                for k in missed[0]
+            }
+            if missed
+            else None,
+        },
+    }
+
+
+_worker: dict[str, Any] = {}
+
+
+def _start_worker(policy_dir: str, stage: dict[str, Any]) -> None:
+    import torch
+
+    from policypipe.runtime.runner import PolicyRunner
+
+    torch.set_num_threads(1)
+    _worker["stage"] = RolloutStageConfig(**stage)
+    _worker["runner"] = PolicyRunner.load(Path(policy_dir), seed=_worker["stage"].seed)
+
+
+def _episode(controller: str, seed: int, keep_frames: bool = False) -> EpisodeResult:
+    runner, stage = _worker["runner"], _worker["stage"]
+    config = stage.episode_config(runner.spec.frequency_hz)
+    if controller == "policy":
+        # A fresh noise sequence per episode: an episode does not depend on which ran before it.
+        runner.generator.manual_seed(stage.seed * 1_000_003 + seed)
+        chosen = runner
+    elif controller == "demonstration_replay":
+        chosen = DemonstrationReplay(rollout_scene(seed), config.frequency_hz)
+    else:
+        chosen = HoldStill(config.frequency_hz)
+    return run_episode(chosen, seed, config, keep_frames=keep_frames)
+
+
+def run_rollouts(policy_dir: Path, stage: RolloutStageConfig, workers: int) -> dict[str, list[EpisodeResult]]:
+    """{controller: results by seed} over the stage's scenes."""
+    from policypipe.processes import process_pool
+
+    seeds = range(stage.first_seed, stage.first_seed + stage.episodes)
+    jobs = [(c, s) for c in CONTROLLERS for s in seeds]
+    with process_pool(workers, _initializer(policy_dir, stage)) as pool:
+        results = list(pool.map(_episode, *zip(*jobs)))
+    out: dict[str, list[EpisodeResult]] = {c: [] for c in CONTROLLERS}
+    for (controller, _), result in zip(jobs, results):
+        out[controller].append(result)
+    return out
+
+
+def _initializer(policy_dir: Path, stage: RolloutStageConfig):
+    import functools
+
+    return functools.partial(_start_worker, str(policy_dir), asdict(stage))
+
+
+def video_seeds(results: list[EpisodeResult], count: int) -> list[int]:
+    """Failures and successes alternately, `count` in all: successes by seed; failures the first of
+    each kind (in OUTCOMES' order) first, then the rest by seed, so the videos show different ways
+    to fail."""
+    successes = [r.seed for r in results if r.outcome == "success"]
+    first_of_kind = [
+        next(r.seed for r in results if r.outcome == kind)
+        for kind in OUTCOMES[1:]
+        if any(r.outcome == kind for r in results)
+    ]
+    failures = first_of_kind + [
+        r.seed for r in results if r.outcome != "success" and r.seed not in first_of_kind
+    ]
+    chosen: list[int] = []
+    while len(chosen) < count and (failures or successes):
+        for pool in (failures, successes):
+            if pool and len(chosen) < count:
+                chosen.append(pool.pop(0))
+    return chosen
+
+
+def record_videos(policy_dir: Path, stage: RolloutStageConfig, seeds: list[int], out_dir: Path) -> list[Path]:
+    """The policy's episodes of `seeds` again (the same bytes: an episode is a pure function of its
+    seed), as H.264 MP4 at the camera's rate."""
+    import av
+
+    _start_worker(str(policy_dir), asdict(stage))
+    written = []
+    for seed in seeds:
+        result = _episode("policy", seed, keep_frames=True)
+        path = out_dir / f"policy_seed{seed:04d}_{result.outcome}.mp4"
+        rate = int(round(_worker["runner"].spec.frequency_hz))
+        with av.open(str(path), "w") as container:
+            stream = container.add_stream("libx264", rate=rate)
+            height, width = result.frames[0].shape[:2]
+            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+            stream.options = {"crf": "23", "preset": "veryfast", "threads": "1"}
+            for frame in result.frames:
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+            container.mux(stream.encode(None))
+        written.append(path)
+    return written
+
+
+def contact_sheet(results: list[EpisodeResult], path: Path, columns: int = 10) -> Path:
+    """The final frames of the episodes, a grid in seed order, each labelled with its outcome."""
+    import cv2
+
+    tiles = []
+    for r in results:
+        tile = cv2.resize(r.final_frame, (160, 120), interpolation=cv2.INTER_AREA)[..., ::-1].copy()
+        colour = (60, 180, 60) if r.outcome == "success" else (40, 40, 220)
+        cv2.rectangle(tile, (0, 0), (159, 119), colour, 3)
+        cv2.putText(
+            tile, f"{r.seed} {r.outcome}", (5, 112), cv2.FONT_HERSHEY_SIMPLEX, 0.33, (255, 255, 255), 1
+        )
+        tiles.append(tile)
+    columns = min(columns, len(tiles))
+    rows = math.ceil(len(tiles) / columns)
+    sheet = np.zeros((rows * 120, columns * 160, 3), np.uint8)
+    for i, tile in enumerate(tiles):
+        sheet[
+            (i // columns) * 120 : (i // columns + 1) * 120, (i % columns) * 160 : (i % columns + 1) * 160
+        ] = tile
+    if not cv2.imwrite(str(path), sheet):
+        raise OSError(f"could not write {path}")
+    return path
+
+
+def report(results: dict[str, list[EpisodeResult]], stage: RolloutStageConfig) -> dict[str, Any]:
+    """metrics/rollout.json: one summary a controller, the policy's first; what the scenes were."""
+    first = stage.first_seed
+    return {
+        "scenes": {
+            "seeds": [first, first + stage.episodes - 1],
+            "rule": "episode.rollout_scene: plan_motion with SeedSequence([ROLLOUT_ENTROPY, seed])",
+        },
+        "time_limit_s": stage.time_limit_s,
+        "latency_ms": stage.latency_ms,
+        "max_speed_m_s": stage.max_speed_m_s,
+    } | {c: summary(results[c]) for c in CONTROLLERS}

@@ -1,0 +1,73 @@
+"""Stage `rollout`: the exported policy in closed loop in new scenes of the sample's simulator,
+beside references on the same scenes: success rates, failures, a contact sheet and videos."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from common import fail, load_config, setup_logging
+
+from policypipe.atomic import write_json_atomic
+from policypipe.lineage.hashing import sha256_path
+from policypipe.lineage.provenance import StageRun
+from policypipe.rollout.report import (
+    CONTROLLERS,
+    RolloutStageConfig,
+    contact_sheet,
+    record_videos,
+    report,
+    run_rollouts,
+    video_seeds,
+)
+from policypipe.runtime.spec import RuntimeSpec
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--policy", type=Path, required=True)
+    parser.add_argument("--metrics", type=Path, required=True)
+    parser.add_argument("--plots", type=Path, required=True, help="contact sheet and videos")
+    parser.add_argument("--provenance", type=Path, required=True)
+    args = parser.parse_args()
+    setup_logging()
+    config = load_config("rollout", RolloutStageConfig)
+
+    started = time.monotonic()
+    with StageRun("rollout", params={"rollout": asdict(config)}) as run:
+        try:
+            RuntimeSpec.read(args.policy)  # an export without its runtime spec: say so before the workers
+        except (OSError, ValueError) as exc:
+            fail(f"{exc}; rebuild it with `dvc repro train` (or `dvc pull`)")
+        workers = config.workers or len(os.sched_getaffinity(0))
+        last = config.first_seed + config.episodes - 1
+        print(
+            f"rollout: {config.episodes} scenes (seeds {config.first_seed}-{last}) "
+            f"x {len(CONTROLLERS)} controllers, {workers} workers ...",
+            flush=True,
+        )
+        results = run_rollouts(args.policy, config, workers)
+        metrics = report(results, config)
+        write_json_atomic(args.metrics, metrics)
+        args.plots.mkdir(parents=True, exist_ok=True)
+        contact_sheet(results["policy"], args.plots / "final_frames.png")
+        videos = record_videos(args.policy, config, video_seeds(results["policy"], config.videos), args.plots)
+    run.inputs[args.policy.as_posix()] = sha256_path(args.policy)
+    run.add_outputs([args.metrics, args.plots])
+    run.write(args.provenance)
+    for controller in CONTROLLERS:
+        m = metrics[controller]
+        ci = m["success_ci95"]
+        failures = ", ".join(f"{o} {n}" for o, n in m["outcomes"].items() if n and o != "success")
+        print(
+            f"{controller}: success {m['success_rate']:.0%} [{ci['ci95_low']:.0%}, {ci['ci95_high']:.0%}] "
+            f"of {m['episodes']}" + (f"; {failures}" if failures else "")
+        )
+    print(f"videos: {', '.join(p.name for p in videos) or 'none'}; {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
