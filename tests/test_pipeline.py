@@ -163,7 +163,7 @@ def test_rollout_stage_reports_the_policy_and_the_references_with_a_contact_shee
         summary = metrics[controller]
         assert summary["episodes"] == 2 and sum(summary["outcomes"].values()) == 2
         assert summary["success_ci95"]["method"] == "Wilson score interval"
-    # One second is too short for the demonstration; holding still never closes.
+    # Half a second is too short for the demonstration; holding still never closes.
     assert metrics["hold_still"]["outcomes"]["never_closed_on_block"] == 2
     plots = sorted(p.name for p in (pipeline_repo / "metrics/plots/rollout").iterdir())
     assert plots[0] == "final_frames.png" and len(plots) == 2 and plots[1].endswith(".mp4")

@@ -110,6 +110,6 @@ def shorten_training(repo: Path) -> None:
         "spread_samples": 3,
         "bootstrap_resamples": 200,
     }
-    params["rollout"] |= {"episodes": 2, "time_limit_s": 1.0, "videos": 1}
+    params["rollout"] |= {"episodes": 2, "time_limit_s": 0.5, "videos": 1, "workers": 1}
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(repo, "git", "commit", "-qam", "short training")

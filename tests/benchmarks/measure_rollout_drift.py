@@ -12,10 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from policypipe.rollout.episode import RolloutConfig, rollout_scene, run_episode
-from policypipe.runtime.observation import Observation
+from policypipe.rollout.episode import RolloutConfig, camera_view, observation_of, rollout_scene, run_episode
 from policypipe.runtime.runner import PolicyRunner
-from policypipe.synthetic.render import render_view_bgr, table_texture
+from policypipe.synthetic.render import table_texture
 from policypipe.synthetic.simulator import NS, Simulator, start_state
 
 
@@ -53,32 +52,10 @@ for seed in range(args.scenes):
         if i:
             sim.step(t[i], position[i], quaternion[i], width[i])
         s = sim.state
-        bgr = render_view_bgr(
-            plan.scene,
-            texture,
-            s.position,
-            s.quaternion,
-            s.block_centre,
-            s.block_yaw,
-            s.width,
-            config.camera_size,
-        )
-        history = [
-            *history[-11:],
-            (t[i], np.ascontiguousarray(bgr[..., ::-1]), s.position, s.quaternion, s.width),
-        ]
+        rgb = camera_view(plan.scene, texture, s, config.camera_size)
+        history = [*history[-11:], (t[i], rgb, s.position, s.quaternion, s.width)]
         if i >= 2 and i % 8 == 0 and i + 8 < len(t):
-            times = [h[0] for h in history]
-            observation = Observation.checked(
-                times,
-                np.stack([h[1] for h in history]),
-                times,
-                np.stack([h[2] for h in history]),
-                np.stack([h[3] for h in history]),
-                times,
-                [h[4] for h in history],
-            )
-            chunk = runner.act(observation)
+            chunk = runner.act(observation_of(history))
             future, _ = plan.pose_at(chunk.time_ns[:8])
             errors.append(1000 * np.linalg.norm(chunk.position[:8] - future, axis=1).mean())
 

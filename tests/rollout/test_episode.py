@@ -13,6 +13,7 @@ from policypipe.rollout.episode import (
     rollout_scene,
     run_episode,
 )
+from policypipe.rollout.report import RolloutStageConfig, report, run_rollouts
 from policypipe.runtime.runner import PolicyRunner
 from policypipe.synthetic.export import SampleConfig
 from policypipe.synthetic.motion import plan_motion
@@ -54,3 +55,12 @@ def test_a_runner_in_closed_loop_gives_the_same_episode_twice(pipeline) -> None:
     assert first.outcome == again.outcome and first.duration_s == again.duration_s >= 0.8
     assert len(first.frames) == len(again.frames) > 24
     assert all(a.tobytes() == b.tobytes() for a, b in zip(first.frames, again.frames))
+
+
+def test_the_outcomes_do_not_depend_on_the_number_of_workers(pipeline) -> None:  # noqa: F811
+    stage = RolloutStageConfig(episodes=2, time_limit_s=0.3, videos=0)
+    here, pooled = (run_rollouts(pipeline.policy, stage, workers) for workers in (1, 2))
+    assert report(here, stage) == report(pooled, stage)
+    assert [r.final_frame.tobytes() for r in here["policy"]] == [
+        r.final_frame.tobytes() for r in pooled["policy"]
+    ]

@@ -8,9 +8,9 @@ chunk of absolute, timed targets; the simulator executes the steps marked to exe
 period apart, rendering after each, and the controller is asked again. The episode ends when the
 block is released or at `time_limit_s`, and the simulator judges it (`Simulator.outcome`).
 
-Scenes come from `plan_motion` with seeds of their own: SeedSequence([ROLLOUT_ENTROPY, seed]),
-whose first word no sample export uses (they use their own seed, a small number, and the
-recording's index), so no rollout scene is a recording of the dataset. The same seed and
+Scenes come from `plan_motion` with seeds of their own: SeedSequence([ROLLOUT_ENTROPY, seed]).
+A sample export seeds recording i with SeedSequence([its seed, i]), so a rollout scene is a
+recording of the dataset only if the export was made with `--seed` ROLLOUT_ENTROPY. The same seed and
 controller give the same episode, byte for byte.
 
 Not yet: the recordings' timing (camera jitter and drops, pose and width at their own rates).
@@ -26,7 +26,8 @@ import numpy as np
 from policypipe.runtime.observation import Observation
 from policypipe.synthetic.motion import MotionPlan, plan_motion
 from policypipe.synthetic.render import render_view_bgr, table_texture
-from policypipe.synthetic.simulator import NS, SimConfig, Simulator, start_state
+from policypipe.synthetic.scene import Scene
+from policypipe.synthetic.simulator import NS, SimConfig, SimState, Simulator, start_state
 
 # First word of every rollout scene's seed: far above any sample export's seed.
 ROLLOUT_ENTROPY = 0x5EED_2200_0000
@@ -85,10 +86,7 @@ def run_episode(
 
     def observe(t_ns: int) -> None:
         s = sim.state
-        bgr = render_view_bgr(
-            scene, texture, s.position, s.quaternion, s.block_centre, s.block_yaw, s.width, config.camera_size
-        )
-        rgb = np.ascontiguousarray(bgr[..., ::-1])
+        rgb = camera_view(scene, texture, s, config.camera_size)
         history.append((t_ns, rgb, s.position.copy(), s.quaternion.copy(), s.width))
         del history[: -config.history_frames]
         if keep_frames:
@@ -101,17 +99,7 @@ def run_episode(
     t = t0
     end_ns = t0 + int(round(config.time_limit_s * NS))
     while t < end_ns and not sim.done():
-        times = [h[0] for h in history]
-        observation = Observation.checked(
-            times,
-            np.stack([h[1] for h in history]),
-            times,
-            np.stack([h[2] for h in history]),
-            np.stack([h[3] for h in history]),
-            times,
-            [h[4] for h in history],
-        )
-        chunk = controller.act(observation, episode_start_ns=first_ns)
+        chunk = controller.act(observation_of(history), episode_start_ns=first_ns)
         steps = np.flatnonzero(chunk.execute)
         if len(steps) == 0:
             raise ValueError(f"the controller's chunk at t = {t} ns executes no step: it would wait forever")
@@ -123,6 +111,36 @@ def run_episode(
                 break
     return EpisodeResult(
         seed, sim.outcome(), (t - t0) / NS, sim.distance_to_mark(), history[-1][1], frames, sim.missed_closes
+    )
+
+
+def camera_view(scene: Scene, texture: np.ndarray, state: SimState, size: tuple[int, int]) -> np.ndarray:
+    """(H, W, 3) uint8 RGB: what the wrist camera sees of the simulated state."""
+    bgr = render_view_bgr(
+        scene,
+        texture,
+        state.position,
+        state.quaternion,
+        state.block_centre,
+        state.block_yaw,
+        state.width,
+        size,
+    )
+    return np.ascontiguousarray(bgr[..., ::-1])
+
+
+def observation_of(history: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, float]]) -> Observation:
+    """The runner's observation from (capture time, RGB frame, position, quaternion, width) samples,
+    oldest first: every stream sampled at the frames' times, as a robot with one clock sends them."""
+    times = [h[0] for h in history]
+    return Observation.checked(
+        times,
+        np.stack([h[1] for h in history]),
+        times,
+        np.stack([h[2] for h in history]),
+        np.stack([h[3] for h in history]),
+        times,
+        [h[4] for h in history],
     )
 
 

@@ -131,8 +131,12 @@ def run_rollouts(policy_dir: Path, stage: RolloutStageConfig, workers: int) -> d
 
     seeds = range(stage.first_seed, stage.first_seed + stage.episodes)
     jobs = [(c, s) for c in CONTROLLERS for s in seeds]
-    with process_pool(workers, _initializer(policy_dir, stage)) as pool:
-        results = list(pool.map(_episode, *zip(*jobs)))
+    if workers == 1:  # here, without starting a process (the same results: each episode is seeded)
+        _initializer(policy_dir, stage)()
+        results = [_episode(c, s) for c, s in jobs]
+    else:
+        with process_pool(workers, _initializer(policy_dir, stage)) as pool:
+            results = list(pool.map(_episode, *zip(*jobs)))
     out: dict[str, list[EpisodeResult]] = {c: [] for c in CONTROLLERS}
     for (controller, _), result in zip(jobs, results):
         out[controller].append(result)
