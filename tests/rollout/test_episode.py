@@ -13,7 +13,7 @@ from policypipe.rollout.episode import (
     rollout_scene,
     run_episode,
 )
-from policypipe.rollout.report import RolloutStageConfig, report, run_rollouts
+from policypipe.rollout.report import RolloutStageConfig, record_videos, report, run_rollouts
 from policypipe.runtime.runner import PolicyRunner
 from policypipe.synthetic.export import SampleConfig
 from policypipe.synthetic.motion import plan_motion
@@ -64,3 +64,19 @@ def test_the_outcomes_do_not_depend_on_the_number_of_workers(pipeline) -> None: 
     assert [r.final_frame.tobytes() for r in here["policy"]] == [
         r.final_frame.tobytes() for r in pooled["policy"]
     ]
+
+
+def test_a_video_holds_the_episode_frame_by_frame_at_the_camera_rate(pipeline, tmp_path) -> None:  # noqa: F811
+    import av
+
+    stage = RolloutStageConfig(episodes=1, time_limit_s=0.3, videos=1)
+    (video,) = record_videos(pipeline.policy, stage, [0], tmp_path)
+    episode = run_episode(PolicyRunner.load(pipeline.policy), 0, stage.episode_config(30.0), keep_frames=True)
+    with av.open(str(video)) as container:
+        stream = container.streams.video[0]
+        decoded = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+        assert stream.average_rate == 30 and (stream.width, stream.height) == (320, 240)
+    assert len(decoded) == len(episode.frames) and video.name == f"policy_seed0000_{episode.outcome}.mp4"
+    # Lossy, but the same pictures: a few levels of 255 on average.
+    assert np.abs(np.stack(decoded).astype(int) - np.stack(episode.frames)).mean() < 4
+    assert not list(tmp_path.glob("*.partial"))

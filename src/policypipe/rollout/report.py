@@ -171,24 +171,32 @@ def video_seeds(results: list[EpisodeResult], count: int) -> list[int]:
 
 
 def record_videos(policy_dir: Path, stage: RolloutStageConfig, seeds: list[int], out_dir: Path) -> list[Path]:
-    """The policy's episodes of `seeds` again (the same bytes: an episode is a pure function of its
-    seed), as H.264 MP4 at the camera's rate."""
+    """The policy's episodes of `seeds` again (the same frames: an episode is a pure function of its
+    seed), as H.264 MP4 at the camera's rate. The frames are the same every run, the files' bytes
+    not always: libx264 (one thread) wrote other bytes for the same frames once the process had run
+    the policy (measured; the cause inside the encoder was not found)."""
     import av
+    import cv2
 
     _start_worker(str(policy_dir), asdict(stage))
+    rate = int(round(_worker["runner"].spec.frequency_hz))
     written = []
     for seed in seeds:
         result = _episode("policy", seed, keep_frames=True)
         path = out_dir / f"policy_seed{seed:04d}_{result.outcome}.mp4"
-        rate = int(round(_worker["runner"].spec.frequency_hz))
-        with av.open(str(path), "w") as container:
+        partial = path.with_name(path.name + ".partial")
+        with av.open(str(partial), "w", format="mp4") as container:
             stream = container.add_stream("libx264", rate=rate)
-            height, width = result.frames[0].shape[:2]
-            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+            stream.height, stream.width = result.frames[0].shape[:2]
+            stream.pix_fmt = "yuv420p"
             stream.options = {"crf": "23", "preset": "veryfast", "threads": "1"}
-            for frame in result.frames:
-                container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+            for i, frame in enumerate(result.frames):
+                yuv = cv2.cvtColor(frame, cv2.COLOR_RGB2YUV_I420)
+                video_frame = av.VideoFrame.from_ndarray(yuv, format="yuv420p")
+                video_frame.pts = i
+                container.mux(stream.encode(video_frame))
             container.mux(stream.encode(None))
+        partial.replace(path)  # whole videos only
         written.append(path)
     return written
 
