@@ -19,6 +19,7 @@ def _sample(args: argparse.Namespace) -> int:
         camera=args.camera,
         defects=args.defects,
         task=args.task,
+        recovery=args.recovery,
     )
     t0 = time.monotonic()
     export = write_sample_export(args.out_dir, config)
@@ -383,6 +384,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="add the broken files a real export has (default: on)",
     )
     p.add_argument("--task", default="pick_place", help="task name written to the status files")
+    p.add_argument(
+        "--recovery",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="this fraction of the recordings stray off the plain path and correct back "
+        "(recovery demonstrations; default: 0)",
+    )
     p.set_defaults(func=_sample)
 
     p = sub.add_parser(

@@ -132,6 +132,7 @@ def export(tmp_path_factory) -> sample_export.SampleExport:
         ({"task": "../up"}, "task"),
         ({"image_width": 95}, "image_width"),
         ({"image_height": 32}, "image_height"),
+        ({"recovery": 1.5}, "recovery"),
     ],
 )
 def test_config_that_cannot_work_is_refused_with_what_to_change(change: dict, mentions: str) -> None:
@@ -552,3 +553,45 @@ def test_truncated_vio_is_a_real_recording_cut_mid_file(export) -> None:
         for _, channel, _ in NonSeekingReader(f).iter_messages(log_time_order=False):
             frames += channel.topic == "/camera0/image"
     assert 0 < frames < json.loads(status.read_text())["frames"]
+
+
+# --- recovery demonstrations -----------------------------------------------------------------
+
+
+def test_a_recovery_demonstration_strays_and_corrects_in_the_same_scene() -> None:
+    for seed in range(5):
+        plain = plan_motion(np.random.default_rng(seed), START_NS)
+        strayed = plan_motion(np.random.default_rng(seed), START_NS, recovery_rng=np.random.default_rng(seed))
+        assert np.array_equal(plain.scene.target_xy, strayed.scene.target_xy)
+        assert plain.scene.texture_seed == strayed.scene.texture_seed
+        # The approach ends 3-7 cm off the plain plan's spot above the block, then corrects to it.
+        off = np.linalg.norm(strayed.knot_position[2, :2] - plain.knot_position[2, :2])
+        assert 0.03 <= off <= 0.07
+        assert np.array_equal(strayed.knot_position[3], plain.knot_position[2])
+        # It grasps where the plain plan grasps, with the fingers as closed, and releases there too.
+        for moment in ("grasp", "release"):
+            a, b = plain.events_ns[moment], strayed.events_ns[moment]
+            np.testing.assert_allclose(
+                strayed.pose_at(np.array([b]))[0][0], plain.pose_at(np.array([a]))[0][0], atol=0.006
+            )
+            assert strayed.width_at(np.array([b]))[0] == pytest.approx(plain.width_at(np.array([a]))[0])
+        assert plain.duration_s + 1.5 < strayed.duration_s < plain.duration_s + 2.7
+
+
+def test_recovery_demonstrations_change_only_the_recordings_that_stray(tmp_path: Path) -> None:
+    config = SampleConfig(recordings=4, defects=False, **SMALL)
+    plain = write_sample_export(tmp_path / "plain", config)
+    mixed = write_sample_export(tmp_path / "mixed", SampleConfig(**{**config.__dict__, "recovery": 0.5}))
+    frames = {
+        name: {
+            stem: json.loads(next(export.root.rglob(f"{stem}_vio.json")).read_text())["frames"]
+            for stem in export.good_stems
+        }
+        for name, export in (("plain", plain), ("mixed", mixed))
+    }
+    strayed = [stem for stem in plain.good_stems if frames["mixed"][stem] != frames["plain"][stem]]
+    assert 1 <= len(strayed) <= 3  # about half, drawn per recording
+    assert all(frames["mixed"][stem] > frames["plain"][stem] + 30 for stem in strayed)
+    for stem in set(plain.good_stems) - set(strayed):
+        (a,), (b,) = (list(e.root.rglob(f"{stem}_vio.mcap")) for e in (plain, mixed))
+        assert a.read_bytes() == b.read_bytes()

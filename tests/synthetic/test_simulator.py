@@ -8,7 +8,7 @@ import pytest
 from scipy.spatial.transform import Rotation
 
 from policypipe.synthetic.motion import MotionPlan, plan_motion
-from policypipe.synthetic.scene import FINGER_TIP_Z_M
+from policypipe.synthetic.scene import FINGER_TIP_Z_M, GRIP_SQUEEZE_M
 from policypipe.synthetic.simulator import (
     NS,
     PLACE_RADIUS_M,
@@ -53,6 +53,15 @@ def test_the_generators_demonstration_succeeds_and_places_where_the_recording_sh
     recorded, _ = p.target_at(np.array([p.end_ns]))
     assert np.linalg.norm(sim.state.block_centre[:2] - recorded[0, :2]) < 0.01
     assert sim.distance_to_mark() < PLACE_RADIUS_M
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_recovery_demonstration_succeeds(seed) -> None:
+    p = plan_motion(
+        np.random.default_rng([7, seed]), 1_700_000_000 * NS, recovery_rng=np.random.default_rng(seed)
+    )
+    sim = simulate(p, *targets(p))
+    assert sim.outcome() == "success" and sim.grasps == 1 and sim.closes_on_nothing == 0
 
 
 def test_a_grasp_beside_the_block_grips_nothing() -> None:
@@ -100,6 +109,24 @@ def test_a_block_released_in_the_air_is_dropped() -> None:
     lifted = position.copy()
     lifted[t > release_ns - int(1.5 * NS), 2] += 0.05  # never lowered: opened 5 cm up
     assert simulate(p, t, lifted, quaternion, width).outcome() == "dropped"
+
+
+def test_the_pads_hold_while_the_opening_stays_below_the_blocks_width() -> None:
+    """Closed on the block the fingers read its width less GRIP_SQUEEZE_M; a commanded opening that
+    errs by less than that keeps the block, one past the block's width lets it fall."""
+    p = plan(5)
+    t, position, quaternion, width = targets(p)
+    held = (t > p.events_ns["grasp"]) & (t < p.events_ns["release"])
+    lift = held & (position[:, 2] > 0.08)  # carried, well above the table
+    narrow = p.scene.target_size[0]
+    loose = width.copy()
+    loose[lift] += GRIP_SQUEEZE_M * 0.9
+    sim = simulate(p, t, position, quaternion, loose)
+    assert sim.outcome() == "success"
+    loose[lift] = narrow + 0.001
+    assert simulate(p, t, position, quaternion, loose).outcome() == "dropped"
+    sim = simulate(p, t[: np.argmax(lift)], position, quaternion, width)
+    assert sim.state.held and sim.state.width == pytest.approx(narrow - GRIP_SQUEEZE_M, abs=1e-3)
 
 
 def test_holding_on_times_out_and_never_closing_is_its_own_failure() -> None:

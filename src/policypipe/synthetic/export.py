@@ -74,8 +74,14 @@ class SampleConfig:
     task: str = "pick_place"
     image_width: int = 320
     image_height: int = 240
+    # The fraction of recordings that are recovery demonstrations: the hand strays off the plain
+    # path and corrects back (`motion.plan_motion`; docs/rollout.md, "Recovery demonstrations").
+    # Which ones is drawn per recording from the seed; 0 writes exactly the plain export.
+    recovery: float = 0.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.recovery, (int, float)) or not 0.0 <= self.recovery <= 1.0:
+            raise ValueError(f"recovery={self.recovery!r}: use a fraction of the recordings from 0 to 1")
         if not isinstance(self.recordings, int) or not 1 <= self.recordings <= 10_000:
             raise ValueError(
                 f"recordings={self.recordings!r}: set recordings to a whole number from 1 to 10000"
@@ -178,14 +184,19 @@ def _run_job(tmp_root: str, job: _Job) -> _JobResult:
 
     cv2.setNumThreads(1)  # processes give the parallelism (also when called without a pool)
     cfg = job.config
-    plan_seq, timing_seq, sim_seq, status_seq = np.random.SeedSequence([cfg.seed, job.index]).spawn(4)
-    plan_rng = np.random.default_rng(plan_seq)
+    # A fifth child for the recovery draws: the first four, and so the scenes, timings and
+    # everything else of a recording, are the same with or without recovery demonstrations.
+    plan_seq, timing_seq, sim_seq, status_seq, recovery_seq = np.random.SeedSequence(
+        [cfg.seed, job.index]
+    ).spawn(5)
+    plan_rng, recovery_rng = np.random.default_rng(plan_seq), np.random.default_rng(recovery_seq)
     start_ns = (
         _base_ns(cfg.seed)
         + job.index * RECORDING_SPACING_S * 1_000_000_000
         + int(plan_rng.integers(0, 60_000)) * 1_000_000
     )
-    plan = plan_motion(plan_rng, start_ns)
+    strays = cfg.recovery > 0.0 and recovery_rng.random() < cfg.recovery
+    plan = plan_motion(plan_rng, start_ns, recovery_rng=recovery_rng if strays else None)
     timing = random_timing(np.random.default_rng(timing_seq))
     rec = simulate_recording(
         plan,

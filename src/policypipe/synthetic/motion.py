@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.spatial.transform import Rotation
 
-from policypipe.synthetic.scene import TABLE_PALETTE_BGR, WIDTH_OPEN_M, Scene
+from policypipe.synthetic.scene import GRIP_SQUEEZE_M, TABLE_PALETTE_BGR, WIDTH_OPEN_M, Scene
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,11 +139,21 @@ def _wrap(angle: float) -> float:
     return (angle + math.pi) % (2.0 * math.pi) - math.pi
 
 
-def plan_motion(rng: np.random.Generator, start_ns: int, duration_s: float | None = None) -> MotionPlan:
+def plan_motion(
+    rng: np.random.Generator,
+    start_ns: int,
+    duration_s: float | None = None,
+    recovery_rng: np.random.Generator | None = None,
+) -> MotionPlan:
     """A pick-and-place demonstration with a random scene: start behind the block, approach
     above it while turning the fingers across it, descend, close, lift, carry to the place
     marker, lower, open, retreat. Episodes last 7-11 s; `duration_s` rescales the phases to
-    an exact length (>= 2 s)."""
+    an exact length (>= 2 s).
+
+    With `recovery_rng`, the demonstrator strays and corrects (a recovery demonstration): the
+    approach ends off target, the descent stops short and beside the block, the carry ends beside
+    the mark, and each time the hand moves back to where the plain demonstration goes (the
+    offsets: `_strayed`). The scene, and every draw from `rng`, are those of the plain plan."""
     if duration_s is not None and not (2.0 <= duration_s <= 600.0):
         raise ValueError(f"duration_s={duration_s}: use a duration between 2 and 600 seconds")
 
@@ -181,7 +191,10 @@ def plan_motion(rng: np.random.Generator, start_ns: int, duration_s: float | Non
     retreat = placed + np.array([*(-rng.uniform(0.0, 0.05) * forward), rng.uniform(0.08, 0.12)])
 
     width_open = float(rng.uniform(0.078, WIDTH_OPEN_M))
-    width_closed = narrow - 0.001  # the fingers squeeze the block a little
+    # The finger pads are compliant: closed on the block they read its width less GRIP_SQUEEZE_M
+    # (each pad gives 2 mm under the grip force), and the block stays held while the commanded
+    # opening is below its width (the simulator's rule).
+    width_closed = narrow - GRIP_SQUEEZE_M
 
     # (phase duration s, position, yaw, width) reached at the end of each phase
     phases = [
@@ -197,6 +210,10 @@ def plan_motion(rng: np.random.Generator, start_ns: int, duration_s: float | Non
         (rng.uniform(0.6, 0.9), retreat, place_yaw, width_open),  # retreat
         (rng.uniform(0.3, 0.6), retreat, place_yaw, width_open),  # hold still
     ]
+    # The block is held from the end of "close" to the start of "open" (knot i ends phase i - 1).
+    attach_knot, release_knot = 4, 8
+    if recovery_rng is not None:
+        phases, attach_knot, release_knot = _strayed(recovery_rng, phases)
     durations = np.array([p[0] for p in phases])
     if duration_s is not None:
         durations *= duration_s / durations.sum()
@@ -234,7 +251,47 @@ def plan_motion(rng: np.random.Generator, start_ns: int, duration_s: float | Non
         wobble_hz=wobble_hz,
         wobble_phase=wobble_phase,
         wobble_amp=wobble_amp,
-        attach_s=float(knot_s[4]),  # end of "close"
-        release_s=float(knot_s[8]),  # start of "open"
+        attach_s=float(knot_s[attach_knot]),
+        release_s=float(knot_s[release_knot]),
         scene=scene,
     )
+
+
+def _strayed(rng: np.random.Generator, phases: list[tuple]) -> tuple[list[tuple], int, int]:
+    """The plain plan's phases with three strays, each followed by a correction back to the plain
+    plan's knot: the approach ends 3-7 cm off in a random direction (and +-2 cm in height, the
+    fingers turned by up to 20 deg); the descent stops 2-4 cm above the grasp and 1-2.5 cm beside
+    it; the carry ends 2-5 cm from the spot over the mark. Returns the phases and the knots that
+    start holding and release the block."""
+
+    def offset(low: float, high: float) -> np.ndarray:
+        # Any direction: a demonstrator errs every way.
+        angle = float(rng.uniform(-math.pi, math.pi))
+        return float(rng.uniform(low, high)) * np.array([math.cos(angle), math.sin(angle)])
+
+    hold, approach, descend, close, settle, lift, carry, lower, release, retreat, rest = phases
+    _, above, grasp_yaw, width_open = approach
+    _, grasp, _, _ = descend
+    _, over_place, place_yaw, width_closed = carry
+    stray_above = np.array([*(above[:2] + offset(0.03, 0.07)), above[2] + float(rng.uniform(-0.02, 0.02))])
+    stray_yaw = grasp_yaw + float(np.radians(rng.uniform(-20.0, 20.0)))
+    short_of_grasp = np.array([*(grasp[:2] + offset(0.01, 0.025)), grasp[2] + float(rng.uniform(0.02, 0.04))])
+    stray_over_place = np.array([*(over_place[:2] + offset(0.02, 0.05)), over_place[2]])
+    correct = lambda: float(rng.uniform(0.5, 0.9))  # noqa: E731
+    strayed = [
+        hold,
+        (approach[0], stray_above, stray_yaw, width_open),
+        (correct(), above, grasp_yaw, width_open),
+        (descend[0] * 0.7, short_of_grasp, grasp_yaw, width_open),
+        (correct(), grasp, grasp_yaw, width_open),
+        close,
+        settle,
+        lift,
+        (carry[0], stray_over_place, place_yaw, width_closed),
+        (correct(), over_place, place_yaw, width_closed),
+        lower,
+        release,
+        retreat,
+        rest,
+    ]
+    return strayed, 6, 11

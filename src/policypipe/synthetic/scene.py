@@ -37,6 +37,9 @@ R_TOOL_CAM = Rotation.from_euler("y", CAMERA_PITCH_RAD).as_matrix() @ np.array(
 # --- the gripper --------------------------------------------------------------------------
 
 WIDTH_OPEN_M = 0.085
+# The finger pads are compliant: closed on a block they read its width less this (each pad gives
+# 2 mm under the grip force). A policy's opening may err by as much before it lets go.
+GRIP_SQUEEZE_M = 0.004
 FINGER_THICKNESS_M = 0.008
 FINGER_TIP_Z_M = 0.012  # fingertips reach this far beyond the TCP along the approach axis
 FINGER_BASE_Z_M = -0.04  # where the finger meets the gripper body (towards the camera)

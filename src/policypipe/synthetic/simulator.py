@@ -19,7 +19,8 @@ falls below that extent. The block is gripped if, at that moment, it lies betwee
 - along (tool x): the block's extent overlaps a finger plate;
 - along the approach (tool z): the fingers reach at least GRIP_MIN_DEPTH_M down the block's sides,
   and the fingertips are above the table (they cannot pass through it).
-Then the fingers stop on the block (their opening is its extent, less GRIP_SQUEEZE_M), the block
+Then the fingers stop on the block (their opening reads its extent less GRIP_SQUEEZE_M, the
+compliant pads' give, as the demonstrations read it), the block
 is centred between them and keeps its pose relative to them. Closing anywhere else grips
 nothing (counted). Opening past the block's extent releases it: it falls straight down and comes
 to rest on the table where it is, with its yaw; released with its bottom more than DROP_HEIGHT_M
@@ -41,13 +42,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.spatial.transform import Rotation
 
-from policypipe.synthetic.scene import FINGER_TIP_Z_M, TABLE_SIZE_M, WIDTH_OPEN_M, Scene
+from policypipe.synthetic.scene import FINGER_TIP_Z_M, GRIP_SQUEEZE_M, TABLE_SIZE_M, WIDTH_OPEN_M, Scene
 
 NS = 1_000_000_000
 FINGER_HALF_DEPTH_M = 0.008  # finger plates span +-8 mm along tool x (render._draw_fingers)
 GRIP_SLACK_M = 0.002
 GRIP_MIN_DEPTH_M = 0.008
-GRIP_SQUEEZE_M = 0.001  # as the demonstrations close: to the narrow side less 1 mm
 DROP_HEIGHT_M = 0.010
 PLACE_RADIUS_M = 0.020
 
