@@ -4,6 +4,7 @@ beside references on the same scenes: success rates, failures, a contact sheet a
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from dataclasses import asdict
@@ -14,6 +15,7 @@ from common import fail, load_config, setup_logging
 from policypipe.atomic import write_json_atomic
 from policypipe.lineage.hashing import sha256_path
 from policypipe.lineage.provenance import StageRun
+from policypipe.rollout.references import training_demonstrations
 from policypipe.rollout.report import (
     CONTROLLERS,
     RolloutStageConfig,
@@ -29,6 +31,8 @@ from policypipe.runtime.spec import RuntimeSpec
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--policy", type=Path, required=True)
+    parser.add_argument("--dataset", type=Path, required=True, help="the nearest-demonstration reference's")
+    parser.add_argument("--stats", type=Path, required=True, help="its split: which episodes trained")
     parser.add_argument("--metrics", type=Path, required=True)
     parser.add_argument("--plots", type=Path, required=True, help="contact sheet and videos")
     parser.add_argument("--provenance", type=Path, required=True)
@@ -42,6 +46,13 @@ def main() -> None:
             RuntimeSpec.read(args.policy)  # an export without its runtime spec: say so before the workers
         except (OSError, ValueError) as exc:
             fail(f"{exc}; rebuild it with `dvc repro train` (or `dvc pull`)")
+        try:
+            demonstrations = training_demonstrations(args.dataset, json.loads(args.stats.read_text()))
+        except (OSError, ValueError, KeyError) as exc:
+            fail(
+                f"cannot read the training demonstrations from {args.dataset} and {args.stats}: {exc}; "
+                "rebuild them with `dvc repro stats` (or `dvc pull`)"
+            )
         workers = config.workers or len(os.sched_getaffinity(0))
         last = config.first_seed + config.episodes - 1
         print(
@@ -49,13 +60,14 @@ def main() -> None:
             f"x {len(CONTROLLERS)} controllers, {workers} workers ...",
             flush=True,
         )
-        results = run_rollouts(args.policy, config, workers)
+        results = run_rollouts(args.policy, config, workers, demonstrations)
         metrics = report(results, config)
         write_json_atomic(args.metrics, metrics)
         args.plots.mkdir(parents=True, exist_ok=True)
         contact_sheet(results["policy"], args.plots / "final_frames.png")
         videos = record_videos(args.policy, config, video_seeds(results["policy"], config.videos), args.plots)
-    run.inputs[args.policy.as_posix()] = sha256_path(args.policy)
+    for path in (args.policy, args.dataset, args.stats):
+        run.inputs[path.as_posix()] = sha256_path(path)
     run.add_outputs([args.metrics, args.plots])
     run.write(args.provenance)
     for controller in CONTROLLERS:

@@ -4,8 +4,10 @@ Open loop in the simulator: the scene's demonstration drives the simulated gripp
 steps the runner is asked for a chunk from the simulator's rendered observation; its executed
 positions are compared with the demonstration's. An error like eval's says the harness feeds the
 policy what training fed it. Closed loop: the policy drives, and the TCP's closest approach to the
-block is printed with when it happened. Run after `make demo`, from the repository root:
-`python -m tests.benchmarks.measure_rollout_drift [--scenes N]`."""
+block is printed with when it happened. With `--handover-scenes N`, the demonstration drives each
+of N scenes up to a moment of its plan and the policy finishes from there (covariate shift tested
+directly). Run after `make demo`, from the repository root:
+`python -m tests.benchmarks.measure_rollout_drift [--scenes N] [--handover-scenes N]`."""
 
 import argparse
 from pathlib import Path
@@ -13,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from policypipe.rollout.episode import RolloutConfig, camera_view, observation_of, rollout_scene, run_episode
+from policypipe.rollout.references import DemonstrationReplay
 from policypipe.runtime.runner import PolicyRunner
 from policypipe.synthetic.render import table_texture
 from policypipe.synthetic.simulator import NS, Simulator, start_state
@@ -24,16 +27,42 @@ class _Tracker:
     def __init__(self, runner, scene, closest: list) -> None:
         self.runner, self.scene, self.closest = runner, scene, closest
 
-    def act(self, observation, episode_start_ns=None):
+    def act(self, observation, now_ns=None, episode_start_ns=None):
         offset = observation.position[-1][:2] - self.scene.target_xy
         seconds = (observation.frame_ns[-1] - episode_start_ns) / NS if episode_start_ns else 0.0
         self.closest.append((float(np.linalg.norm(offset)), float(seconds)))
-        return self.runner.act(observation, episode_start_ns=episode_start_ns)
+        return self.runner.act(observation, now_ns=now_ns, episode_start_ns=episode_start_ns)
+
+
+class _Handover:
+    """The scene's demonstration drives until `at_ns`, the policy from then on: covariate shift
+    tested directly. If the policy finishes from a state on the demonstrations' path but not from
+    its own, what breaks it is where its own errors take it."""
+
+    def __init__(self, runner, plan, at_ns: int, frequency_hz: float) -> None:
+        self.runner, self.at_ns = runner, at_ns
+        self.demonstration = DemonstrationReplay(plan, frequency_hz)
+
+    def act(self, observation, now_ns=None, episode_start_ns=None):
+        if now_ns < self.at_ns:
+            return self.demonstration.act(observation, now_ns)
+        return self.runner.act(observation, now_ns=now_ns, episode_start_ns=episode_start_ns)
+
+
+# Knots of `plan_motion`'s plain plan where the policy takes over.
+HANDOVERS = {
+    "start": 0,
+    "halfway to the block": 1.5,
+    "above the block": 2,
+    "block grasped": 5,
+    "over the mark": 7,
+}
 
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--scenes", type=int, default=3)
 parser.add_argument("--policy", type=Path, default=Path("data/policy"))
+parser.add_argument("--handover-scenes", type=int, default=0, help="scenes for the handover measurement")
 args = parser.parse_args()
 runner = PolicyRunner.load(args.policy, seed=0)
 config = RolloutConfig(frequency_hz=runner.spec.frequency_hz)
@@ -74,3 +103,16 @@ for seed in range(args.scenes):
 print(
     f"open loop in the simulator: executed position error {np.mean(errors):.2f} mm over {len(errors)} chunks"
 )
+
+for name, knot in HANDOVERS.items():
+    if not args.handover_scenes:
+        break
+    outcomes: dict[str, int] = {}
+    for seed in range(args.handover_scenes):
+        plan = rollout_scene(seed)
+        at_s = float(np.interp(knot, np.arange(len(plan.knot_s)), plan.knot_s))
+        runner.generator.manual_seed(seed)
+        handover = _Handover(runner, plan, plan.start_ns + int(at_s * NS), config.frequency_hz)
+        outcome = run_episode(handover, seed, config).outcome
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    print(f"policy from '{name}': {outcomes}", flush=True)

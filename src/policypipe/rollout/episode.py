@@ -1,19 +1,23 @@
 """One closed-loop episode: a controller (the policy's runner, or a reference) drives the simulated
 gripper in a new scene, seeing only what a robot would.
 
-Each step the simulator's state is rendered by the renderer that made the sample recordings (the
-same camera model and image size), and the controller gets the latest `history_frames` frames with
-the gripper's poses and openings at their capture times, as an `Observation`. It answers with a
-chunk of absolute, timed targets; the simulator executes the steps marked to execute, one camera
-period apart, rendering after each, and the controller is asked again. The episode ends when the
-block is released or at `time_limit_s`, and the simulator judges it (`Simulator.outcome`).
+The robot's streams run on their own clocks, drawn per episode as a sample recording's are
+(`recording.random_timing`): camera frames at 30 Hz with about 1 ms of jitter and 1-3 % of them
+dropped, poses at 120-200 Hz, openings at about 45 Hz. Each sample is taken from the simulated
+trajectory at its own time (positions and openings linear between the simulator's steps, rotations
+by slerp), and each frame is rendered there by the renderer that made the sample recordings (the
+same camera model and image size). When the controller is asked, at the time of the last executed
+target, it gets what had arrived: the latest `history_frames` frames that the pose and opening
+streams already cover (the runner interpolates them at a frame's time and never extrapolates, as a
+robot waits for them), with those streams' samples up to that time, as an `Observation`. It answers
+with a chunk of absolute, timed targets; the simulator executes the steps marked to execute that
+are not yet past, and the controller is asked again. The episode ends when the block is released or
+at `time_limit_s`, and the simulator judges it (`Simulator.outcome`).
 
 Scenes come from `plan_motion` with seeds of their own: SeedSequence([ROLLOUT_ENTROPY, seed]).
 A sample export seeds recording i with SeedSequence([its seed, i]), so a rollout scene is a
 recording of the dataset only if the export was made with `--seed` ROLLOUT_ENTROPY. The same seed and
 controller give the same episode, byte for byte.
-
-Not yet: the recordings' timing (camera jitter and drops, pose and width at their own rates).
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+from scipy.spatial.transform import Rotation
 
 from policypipe.runtime.observation import Observation
 from policypipe.synthetic.motion import MotionPlan, plan_motion
+from policypipe.synthetic.recording import StreamTiming, random_timing, sample_clock
 from policypipe.synthetic.render import render_view_bgr, table_texture
 from policypipe.synthetic.scene import Scene
 from policypipe.synthetic.simulator import NS, SimConfig, SimState, Simulator, start_state
@@ -32,6 +38,8 @@ from policypipe.synthetic.simulator import NS, SimConfig, SimState, Simulator, s
 # First word of every rollout scene's seed: far above any sample export's seed.
 ROLLOUT_ENTROPY = 0x5EED_2200_0000
 START_NS = 1_900_000_000 * NS  # the scenes' clock starts here (any value: times are relative)
+LEAD_IN_NS = NS // 2  # the streams run this long, the gripper still, before the episode starts
+HISTORY_NS = NS // 2  # pose and opening samples sent with each request: the last half second
 
 
 class Chunk(Protocol):
@@ -43,15 +51,17 @@ class Chunk(Protocol):
 
 
 class Controller(Protocol):
-    def act(self, observation: Observation, episode_start_ns: int | None = None) -> Chunk: ...
+    def act(
+        self, observation: Observation, now_ns: int | None = None, episode_start_ns: int | None = None
+    ) -> Chunk: ...
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
     time_limit_s: float = 14.0
-    frequency_hz: float = 30.0  # the camera's rate, and the targets' spacing
+    frequency_hz: float = 30.0  # the policy's step rate: the targets' spacing
     camera_size: tuple[int, int] = (320, 240)  # the sample recordings' (width, height)
-    history_frames: int = 12  # frames (and poses, openings) sent with each request
+    history_frames: int = 12  # frames sent with each request
     sim: SimConfig = field(default_factory=SimConfig)
 
 
@@ -62,7 +72,7 @@ class EpisodeResult:
     duration_s: float
     distance_to_mark_m: float
     final_frame: np.ndarray  # RGB, the camera's last view
-    frames: list[np.ndarray]  # RGB, one a camera period (kept only when asked)
+    frames: list[np.ndarray]  # RGB, every frame the camera captured (kept only when asked)
     missed_closes: list[dict[str, float]] = field(default_factory=list)  # `Simulator.missed_closes`
 
 
@@ -71,46 +81,104 @@ def rollout_scene(seed: int) -> MotionPlan:
     return plan_motion(np.random.default_rng(np.random.SeedSequence([ROLLOUT_ENTROPY, seed])), START_NS)
 
 
+def stream_clocks(seed: int, start_ns: int, stop_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The capture times of an episode's camera frames (the dropped ones left out), poses and openings,
+    as a sample recording's (`random_timing`, `sample_clock`), from the episode's seed."""
+    rng = np.random.default_rng(np.random.SeedSequence([ROLLOUT_ENTROPY, seed, 1]))
+    timing: StreamTiming = random_timing(rng)
+    camera = sample_clock(rng, start_ns, stop_ns, timing.camera_hz, timing.camera_jitter_s)
+    camera = camera[rng.random(len(camera)) >= timing.camera_drop_fraction]
+    pose = sample_clock(rng, start_ns, stop_ns, timing.pose_hz, timing.pose_jitter_s)
+    width = sample_clock(rng, start_ns, stop_ns, timing.width_hz, timing.width_jitter_s)
+    return camera, pose, width
+
+
+class _Trajectory:
+    """The simulated state after every step, and between steps as a robot's streams sample it."""
+
+    def __init__(self, state: SimState) -> None:
+        self.t: list[int] = []
+        self.states: list[tuple[np.ndarray, np.ndarray, float, np.ndarray, float]] = []
+        self.add(state)
+
+    def add(self, s: SimState) -> None:
+        entry = (s.position.copy(), s.quaternion.copy(), s.width, s.block_centre.copy(), s.block_yaw)
+        if self.t and s.t_ns <= self.t[-1]:  # a target that takes effect no later: it replaces the last
+            self.states[-1] = entry
+        else:
+            self.t.append(int(s.t_ns))
+            self.states.append(entry)
+
+    def at(self, t_ns: int) -> SimState:
+        """The state at `t_ns` (held before the first step and after the last)."""
+        i = int(np.searchsorted(self.t, t_ns, side="right"))
+        if i == 0 or i == len(self.t):
+            p, q, w, c, y = self.states[max(i - 1, 0)]
+            return SimState(t_ns, p, q, w, c, y)
+        (p0, q0, w0, c0, y0), (p1, q1, w1, c1, y1) = self.states[i - 1], self.states[i]
+        u = (t_ns - self.t[i - 1]) / (self.t[i] - self.t[i - 1])
+        r0 = Rotation.from_quat(q0)
+        q = (r0 * Rotation.from_rotvec(u * (r0.inv() * Rotation.from_quat(q1)).as_rotvec())).as_quat()
+        yaw = y0 + u * ((y1 - y0 + np.pi) % (2 * np.pi) - np.pi)
+        return SimState(t_ns, p0 + u * (p1 - p0), q, w0 + u * (w1 - w0), c0 + u * (c1 - c0), float(yaw))
+
+
 def run_episode(
     controller: Controller, seed: int, config: RolloutConfig, keep_frames: bool = False
 ) -> EpisodeResult:
     plan = rollout_scene(seed)
     scene, texture = plan.scene, table_texture(plan.scene)
-    period = int(round(NS / config.frequency_hz))
     t0 = plan.start_ns
+    end_ns = t0 + int(round(config.time_limit_s * NS))
     position, quaternion = plan.pose_at(np.array([t0]))
     width = float(plan.width_at(np.array([t0]))[0])
     sim = Simulator(scene, start_state(scene, t0, position[0], quaternion[0], width), config.sim)
-    history: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, float]] = []
-    frames: list[np.ndarray] = []
+    trajectory = _Trajectory(sim.state)
+    # The streams run from before the start to past the time limit; a chunk may overshoot it by a step.
+    camera_ns, pose_ns, width_ns = stream_clocks(seed, t0 - LEAD_IN_NS, end_ns + NS)
+    rendered: dict[int, np.ndarray] = {}  # capture time -> RGB, each frame rendered once
 
-    def observe(t_ns: int) -> None:
-        s = sim.state
-        rgb = camera_view(scene, texture, s, config.camera_size)
-        history.append((t_ns, rgb, s.position.copy(), s.quaternion.copy(), s.width))
-        del history[: -config.history_frames]
-        if keep_frames:
-            frames.append(rgb)
+    def frame(t_ns: int) -> np.ndarray:
+        if t_ns not in rendered:
+            rendered[t_ns] = camera_view(scene, texture, trajectory.at(t_ns), config.camera_size)
+        return rendered[t_ns]
 
-    # The gripper held still for a moment before the episode, as a recording starts.
-    first_ns = t0 - 2 * period
-    for t in (first_ns, t0 - period, t0):
-        observe(t)
-    t = t0
-    end_ns = t0 + int(round(config.time_limit_s * NS))
-    while t < end_ns and not sim.done():
-        chunk = controller.act(observation_of(history), episode_start_ns=first_ns)
-        steps = np.flatnonzero(chunk.execute)
+    def observe(now: int) -> Observation:
+        """What has arrived by `now`: the frames the pose and opening streams cover, and those streams."""
+        poses = pose_ns[(pose_ns <= now) & (pose_ns > now - HISTORY_NS)]
+        widths = width_ns[(width_ns <= now) & (width_ns > now - HISTORY_NS)]
+        frames = camera_ns[camera_ns <= min(poses[-1], widths[-1])][-config.history_frames :]
+        states = [trajectory.at(int(t)) for t in poses]
+        return Observation.checked(
+            frames,
+            np.stack([frame(int(t)) for t in frames]),
+            poses,
+            np.stack([s.position for s in states]),
+            np.stack([s.quaternion for s in states]),
+            widths,
+            [trajectory.at(int(t)).width for t in widths],
+        )
+
+    # The episode starts with the first frame captured before t0 less two periods, as a recording's
+    # first frames see the gripper still.
+    first_ns = int(camera_ns[camera_ns <= t0 - 2 * round(NS / config.frequency_hz)][0])
+    now = t0
+    while now < end_ns and not sim.done():
+        chunk = controller.act(observe(now), now_ns=now, episode_start_ns=first_ns)
+        steps = np.flatnonzero(chunk.execute & (chunk.time_ns > now))
         if len(steps) == 0:
-            raise ValueError(f"the controller's chunk at t = {t} ns executes no step: it would wait forever")
+            raise ValueError(
+                f"the controller's chunk at t = {now} ns executes no step: it would wait forever"
+            )
         for k in steps:
-            t = int(chunk.time_ns[k])
-            sim.step(t, chunk.position[k], chunk.quaternion[k], float(chunk.width[k]))
-            observe(t)
-            if sim.done() or t >= end_ns:
+            now = int(chunk.time_ns[k])
+            trajectory.add(sim.step(now, chunk.position[k], chunk.quaternion[k], float(chunk.width[k])))
+            if sim.done() or now >= end_ns:
                 break
+    frames = [frame(int(t)) for t in camera_ns[(camera_ns >= t0) & (camera_ns <= now)]] if keep_frames else []
+    final = frame(int(camera_ns[camera_ns <= now][-1]))
     return EpisodeResult(
-        seed, sim.outcome(), (t - t0) / NS, sim.distance_to_mark(), history[-1][1], frames, sim.missed_closes
+        seed, sim.outcome(), (now - t0) / NS, sim.distance_to_mark(), final, frames, sim.missed_closes
     )
 
 
@@ -142,47 +210,3 @@ def observation_of(history: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, 
         times,
         [h[4] for h in history],
     )
-
-
-@dataclass(frozen=True)
-class TargetChunk:
-    """Timed absolute targets, every one executed: what the references send."""
-
-    time_ns: np.ndarray
-    position: np.ndarray
-    quaternion: np.ndarray
-    width: np.ndarray
-    execute: np.ndarray
-
-
-class DemonstrationReplay:
-    """A reference: the scene's own demonstration, replayed open loop at the camera's rate (what the
-    generator's demonstrator does in this scene, blind to what happens)."""
-
-    def __init__(self, plan: MotionPlan, frequency_hz: float, steps: int = 8) -> None:
-        self.plan, self.period, self.steps = plan, int(round(NS / frequency_hz)), steps
-
-    def act(self, observation: Observation, episode_start_ns: int | None = None) -> Chunk:
-        t = int(observation.frame_ns[-1])
-        times = t + self.period * np.arange(1, self.steps + 1, dtype=np.int64)
-        position, quaternion = self.plan.pose_at(times)
-        return TargetChunk(times, position, quaternion, self.plan.width_at(times), np.ones(self.steps, bool))
-
-
-class HoldStill:
-    """A reference: the gripper kept where it is, open as it is."""
-
-    def __init__(self, frequency_hz: float, steps: int = 8) -> None:
-        self.period, self.steps = int(round(NS / frequency_hz)), steps
-
-    def act(self, observation: Observation, episode_start_ns: int | None = None) -> Chunk:
-        t = int(observation.frame_ns[-1])
-        times = t + self.period * np.arange(1, self.steps + 1, dtype=np.int64)
-        repeat = lambda a: np.repeat(np.asarray(a)[None], self.steps, axis=0)  # noqa: E731
-        return TargetChunk(
-            times,
-            repeat(observation.position[-1]),
-            repeat(observation.quaternion[-1]),
-            np.full(self.steps, float(observation.width[-1])),
-            np.ones(self.steps, bool),
-        )

@@ -2,8 +2,9 @@
 rates with Wilson intervals, the failure breakdown, time to success, a contact sheet of final
 frames and a few videos (the `rollout` stage).
 
-References on the same scenes: the scene's own demonstration replayed open loop (near 100 %, or
-the simulator is wrong) and holding still (0 %). Episodes run in worker processes, one policy
+References on the same scenes (`references`): the scene's own demonstration replayed open loop
+(near 100 %, or the simulator is wrong), the nearest training demonstration replayed blind (how much
+seeing matters) and holding still (0 %). Episodes run in worker processes, one policy
 runner in each, with one intra-op thread: the outcomes do not depend on the number of workers.
 """
 
@@ -17,17 +18,17 @@ from typing import Any
 
 import numpy as np
 
-from policypipe.rollout.episode import (
+from policypipe.rollout.episode import EpisodeResult, RolloutConfig, rollout_scene, run_episode
+from policypipe.rollout.references import (
+    Demonstration,
     DemonstrationReplay,
-    EpisodeResult,
     HoldStill,
-    RolloutConfig,
-    rollout_scene,
-    run_episode,
+    NearestDemonstrationReplay,
+    nearest_demonstration,
 )
 from policypipe.synthetic.simulator import OUTCOMES, SimConfig
 
-CONTROLLERS = ("policy", "demonstration_replay", "hold_still")
+CONTROLLERS = ("policy", "demonstration_replay", "nearest_demonstration_replay", "hold_still")
 
 
 @dataclass(frozen=True)
@@ -101,12 +102,13 @@ def summary(results: list[EpisodeResult]) -> dict[str, Any]:
 _worker: dict[str, Any] = {}
 
 
-def _start_worker(policy_dir: str, stage: dict[str, Any]) -> None:
+def _start_worker(policy_dir: str, stage: dict[str, Any], demonstrations: list[Demonstration]) -> None:
     import torch
 
     from policypipe.runtime.runner import PolicyRunner
 
     torch.set_num_threads(1)
+    _worker["demonstrations"] = demonstrations
     _worker["stage"] = RolloutStageConfig(**stage)
     _worker["runner"] = PolicyRunner.load(Path(policy_dir), seed=_worker["stage"].seed)
 
@@ -120,33 +122,46 @@ def _episode(controller: str, seed: int, keep_frames: bool = False) -> EpisodeRe
         chosen = runner
     elif controller == "demonstration_replay":
         chosen = DemonstrationReplay(rollout_scene(seed), config.frequency_hz)
+    elif controller == "nearest_demonstration_replay":
+        plan = rollout_scene(seed)
+        position, quaternion = (a[0] for a in plan.pose_at(np.array([plan.start_ns])))
+        nearest = nearest_demonstration(_worker["demonstrations"], position, quaternion)
+        chosen = NearestDemonstrationReplay(nearest, plan.start_ns, position, quaternion, config.frequency_hz)
     else:
         chosen = HoldStill(config.frequency_hz)
     return run_episode(chosen, seed, config, keep_frames=keep_frames)
 
 
-def run_rollouts(policy_dir: Path, stage: RolloutStageConfig, workers: int) -> dict[str, list[EpisodeResult]]:
-    """{controller: results by seed} over the stage's scenes."""
+def run_rollouts(
+    policy_dir: Path,
+    stage: RolloutStageConfig,
+    workers: int,
+    demonstrations: list[Demonstration],
+    controllers: tuple[str, ...] = CONTROLLERS,
+) -> dict[str, list[EpisodeResult]]:
+    """{controller: results by seed} over the stage's scenes; `demonstrations` are the training
+    episodes the nearest-demonstration reference replays (`references.training_demonstrations`)."""
     from policypipe.processes import process_pool
 
     seeds = range(stage.first_seed, stage.first_seed + stage.episodes)
-    jobs = [(c, s) for c in CONTROLLERS for s in seeds]
+    jobs = [(c, s) for c in controllers for s in seeds]
+    start = _initializer(policy_dir, stage, demonstrations)
     if workers == 1:  # here, without starting a process (the same results: each episode is seeded)
-        _initializer(policy_dir, stage)()
+        start()
         results = [_episode(c, s) for c, s in jobs]
     else:
-        with process_pool(workers, _initializer(policy_dir, stage)) as pool:
+        with process_pool(workers, start) as pool:
             results = list(pool.map(_episode, *zip(*jobs)))
-    out: dict[str, list[EpisodeResult]] = {c: [] for c in CONTROLLERS}
+    out: dict[str, list[EpisodeResult]] = {c: [] for c in controllers}
     for (controller, _), result in zip(jobs, results):
         out[controller].append(result)
     return out
 
 
-def _initializer(policy_dir: Path, stage: RolloutStageConfig):
+def _initializer(policy_dir: Path, stage: RolloutStageConfig, demonstrations: list[Demonstration]):
     import functools
 
-    return functools.partial(_start_worker, str(policy_dir), asdict(stage))
+    return functools.partial(_start_worker, str(policy_dir), asdict(stage), demonstrations)
 
 
 def video_seeds(results: list[EpisodeResult], count: int) -> list[int]:
@@ -178,7 +193,7 @@ def record_videos(policy_dir: Path, stage: RolloutStageConfig, seeds: list[int],
     import av
     import cv2
 
-    _start_worker(str(policy_dir), asdict(stage))
+    _start_worker(str(policy_dir), asdict(stage), [])
     rate = int(round(_worker["runner"].spec.frequency_hz))
     written = []
     for seed in seeds:

@@ -248,7 +248,7 @@ class SimulatedRecording:
     raw_messages: tuple[_Message, ...]  # in log_time order
 
 
-def _sample_clock(
+def sample_clock(
     rng: np.random.Generator, start_ns: int, stop_ns: int, hz: float, jitter_s: float
 ) -> np.ndarray:
     """(N,) int64 strictly increasing sample times: a nominal clock plus clipped jitter."""
@@ -365,7 +365,7 @@ def _imu_messages(plan: MotionPlan, rng: np.random.Generator, hz: float) -> list
     from finite differences of the plan, with a little sensor noise."""
     from scipy.spatial.transform import Rotation
 
-    t = _sample_clock(rng, plan.start_ns, plan.end_ns, hz, 0.0)
+    t = sample_clock(rng, plan.start_ns, plan.end_ns, hz, 0.0)
     if len(t) < 3:
         return []
     dt = np.diff(t).astype(np.float64) / 1e9  # (N-1,)
@@ -426,16 +426,16 @@ def simulate_recording(
     def span(start_s: float, stop_s: float) -> tuple[int, int]:
         return plan.start_ns + int(round(start_s * 1e9)), plan.end_ns - int(round(stop_s * 1e9))
 
-    nominal = _sample_clock(
+    nominal = sample_clock(
         rng, *span(timing.camera_start_s, timing.camera_stop_s), timing.camera_hz, timing.camera_jitter_s
     )
     kept = rng.random(len(nominal)) >= timing.camera_drop_fraction
     kept[[0, -1]] = True  # the first and last exposure define the span: keep them
     camera_ns = nominal[kept]
-    pose_ns = _sample_clock(
+    pose_ns = sample_clock(
         rng, *span(timing.pose_start_s, timing.pose_stop_s), timing.pose_hz, timing.pose_jitter_s
     )
-    width_ns = _sample_clock(
+    width_ns = sample_clock(
         rng, *span(timing.width_start_s, timing.width_stop_s), timing.width_hz, timing.width_jitter_s
     )
 
@@ -470,7 +470,7 @@ def simulate_recording(
         ),
     ]
     if timing.diagnostics_hz > 0.0:
-        diag_ns = _sample_clock(rng, plan.start_ns, plan.end_ns, timing.diagnostics_hz, 0.0)
+        diag_ns = sample_clock(rng, plan.start_ns, plan.end_ns, timing.diagnostics_hz, 0.0)
         features = rng.integers(80, 400, size=len(diag_ns))
         streams.append(
             (

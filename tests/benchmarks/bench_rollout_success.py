@@ -1,0 +1,72 @@
+"""Closed-loop success of configurations trained with several seeds, on one range of rollout scenes
+(docs/rollout.md, "Measured"): each policy's episodes on the same scenes, then the configuration's
+success rate, the mean over its seeds, with a 95% percentile-bootstrap CI over seeds and scenes
+(`hierarchical_bootstrap`, the scenes shared by all seeds, as `policypipe compare` does for errors).
+
+    python -m tests.benchmarks.bench_rollout_success --first-seed 1000 --episodes 50 \\
+        --config plain runs/plain/seed*/policy --config recovery runs/recovery/seed*/policy
+
+Choose on one range of scenes and report on another: the rollout stage's default range is 0-49,
+so choices here are made on scenes from 1000 on. Only the policies run (the references do not
+depend on them: the rollout stage reports those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from policypipe.evaluation.errors import hierarchical_bootstrap, percentile_ci
+from policypipe.rollout.report import RolloutStageConfig, run_rollouts, wilson_interval
+from policypipe.synthetic.simulator import OUTCOMES
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", nargs="+", action="append", required=True, metavar=("NAME", "POLICY"))
+    parser.add_argument("--first-seed", type=int, default=1000)
+    parser.add_argument("--episodes", type=int, default=50)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", type=Path, help="the results as JSON")
+    args = parser.parse_args()
+    stage = RolloutStageConfig(episodes=args.episodes, first_seed=args.first_seed, videos=0)
+    results: dict = {"scenes": [args.first_seed, args.first_seed + args.episodes - 1], "configs": {}}
+    for name, *policies in args.config:
+        per_policy, successes = {}, []
+        for policy in policies:
+            started = time.monotonic()
+            episodes = run_rollouts(Path(policy), stage, args.workers, [], controllers=("policy",))["policy"]
+            won = np.array([r.outcome == "success" for r in episodes], dtype=np.float64)
+            successes.append(won)
+            low, high = wilson_interval(int(won.sum()), len(won))
+            per_policy[policy] = {
+                "success_rate": float(won.mean()),
+                "wilson_ci95": [low, high],
+                "outcomes": {o: sum(r.outcome == o for r in episodes) for o in OUTCOMES},
+                "seconds": round(time.monotonic() - started, 1),
+            }
+            print(
+                f"{name} {policy}: {won.mean():.0%} [{low:.0%}, {high:.0%}] {per_policy[policy]}", flush=True
+            )
+        matrix = np.stack(successes)  # (seeds, scenes)
+        replicates = hierarchical_bootstrap({name: {"s": matrix}}, np.arange(matrix.shape[1]), seed=0)
+        low, high = percentile_ci(replicates[name]["s"])
+        results["configs"][name] = {
+            "success_rate": float(matrix.mean()),
+            "ci95": [low, high],
+            "ci_method": f"percentile bootstrap over {len(policies)} seeds, then {matrix.shape[1]} scenes",
+            "policies": per_policy,
+        }
+        print(f"{name}: {matrix.mean():.1%} [{low:.1%}, {high:.1%}] over {len(policies)} seeds", flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
