@@ -19,11 +19,13 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import zarr
 from ruamel.yaml import YAML
 
 from policypipe.config import read_section, require_same_window
 from policypipe.lineage.hashing import sha256_file
 from policypipe.policy.export import save_policy
+from policypipe.runtime.spec import spec_of_training
 from policypipe.training.config import train_config_from_params
 from policypipe.training.loop import train
 
@@ -63,6 +65,10 @@ def main() -> None:
     config = train_config_from_params(sections["train"], sections["policy"])
     stats = json.loads(args.stats.read_text())
     require_same_window(stats, asdict(config.window), "the overridden [policy] section")
+    # What a runner needs besides the weights, as the train stage writes it (for rollouts).
+    spec = spec_of_training(
+        dict(zarr.open_group(args.dataset, mode="r").attrs), stats, sha256_file(args.stats)
+    )
     for seed in args.seeds:
         folder = args.out / f"seed{seed}"
         started = time.monotonic()
@@ -83,6 +89,7 @@ def main() -> None:
                 "steps": result.steps,
                 "overrides": args.overrides,
             },
+            spec.to_json(),
         )
         print(
             f"seed {seed}: {result.steps} steps, best val loss {result.best_val_loss:.4f}, "

@@ -63,13 +63,15 @@ parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--scenes", type=int, default=3)
 parser.add_argument("--policy", type=Path, default=Path("data/policy"))
 parser.add_argument("--handover-scenes", type=int, default=0, help="scenes for the handover measurement")
+# Scenes of the choice range (bench_rollout_success): the rollout stage reports on 0-49.
+parser.add_argument("--first-scene", type=int, default=1000)
 args = parser.parse_args()
 runner = PolicyRunner.load(args.policy, seed=0)
 config = RolloutConfig(frequency_hz=runner.spec.frequency_hz)
 period = int(round(NS / config.frequency_hz))
 
 errors = []
-for seed in range(args.scenes):
+for seed in range(args.first_scene, args.first_scene + args.scenes):
     plan = rollout_scene(seed)
     texture = table_texture(plan.scene)
     t = np.arange(plan.start_ns, plan.end_ns, period, dtype=np.int64)
@@ -108,7 +110,7 @@ for name, knot in HANDOVERS.items():
     if not args.handover_scenes:
         break
     outcomes: dict[str, int] = {}
-    for seed in range(args.handover_scenes):
+    for seed in range(args.first_scene, args.first_scene + args.handover_scenes):
         plan = rollout_scene(seed)
         at_s = float(np.interp(knot, np.arange(len(plan.knot_s)), plan.knot_s))
         runner.generator.manual_seed(seed)

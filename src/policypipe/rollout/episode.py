@@ -98,29 +98,37 @@ class _Trajectory:
 
     def __init__(self, state: SimState) -> None:
         self.t: list[int] = []
-        self.states: list[tuple[np.ndarray, np.ndarray, float, np.ndarray, float]] = []
+        self.rows: list[np.ndarray] = []  # position (3), quaternion (4), width, block centre (3), yaw
         self.add(state)
 
     def add(self, s: SimState) -> None:
-        entry = (s.position.copy(), s.quaternion.copy(), s.width, s.block_centre.copy(), s.block_yaw)
+        row = np.concatenate([s.position, s.quaternion, [s.width], s.block_centre, [s.block_yaw]])
         if self.t and s.t_ns <= self.t[-1]:  # a target that takes effect no later: it replaces the last
-            self.states[-1] = entry
+            self.rows[-1] = row
         else:
             self.t.append(int(s.t_ns))
-            self.states.append(entry)
+            self.rows.append(row)
 
-    def at(self, t_ns: int) -> SimState:
-        """The state at `t_ns` (held before the first step and after the last)."""
-        i = int(np.searchsorted(self.t, t_ns, side="right"))
-        if i == 0 or i == len(self.t):
-            p, q, w, c, y = self.states[max(i - 1, 0)]
-            return SimState(t_ns, p, q, w, c, y)
-        (p0, q0, w0, c0, y0), (p1, q1, w1, c1, y1) = self.states[i - 1], self.states[i]
-        u = (t_ns - self.t[i - 1]) / (self.t[i] - self.t[i - 1])
-        r0 = Rotation.from_quat(q0)
-        q = (r0 * Rotation.from_rotvec(u * (r0.inv() * Rotation.from_quat(q1)).as_rotvec())).as_quat()
-        yaw = y0 + u * ((y1 - y0 + np.pi) % (2 * np.pi) - np.pi)
-        return SimState(t_ns, p0 + u * (p1 - p0), q, w0 + u * (w1 - w0), c0 + u * (c1 - c0), float(yaw))
+    def at(self, times: np.ndarray) -> np.ndarray:
+        """(N, 12) states at `times` (held before the first step and after the last): linear between
+        steps, rotations by slerp, the block's yaw the short way round."""
+        t, rows = np.asarray(self.t), np.stack(self.rows)
+        i = np.clip(np.searchsorted(t, times, side="right"), 1, max(len(t) - 1, 1))
+        if len(t) == 1:
+            return np.repeat(rows, len(times), axis=0)
+        u = np.clip((times - t[i - 1]) / (t[i] - t[i - 1]), 0.0, 1.0)[:, None]
+        a, b = rows[i - 1], rows[i]
+        out = a + u * (b - a)
+        r0 = Rotation.from_quat(a[:, 3:7])
+        out[:, 3:7] = (
+            r0 * Rotation.from_rotvec(u * (r0.inv() * Rotation.from_quat(b[:, 3:7])).as_rotvec())
+        ).as_quat()
+        out[:, 11] = a[:, 11] + u[:, 0] * ((b[:, 11] - a[:, 11] + np.pi) % (2 * np.pi) - np.pi)
+        return out
+
+    def state_at(self, t_ns: int) -> SimState:
+        (row,) = self.at(np.array([t_ns]))
+        return SimState(t_ns, row[:3], row[3:7], float(row[7]), row[8:11], float(row[11]))
 
 
 def run_episode(
@@ -140,7 +148,7 @@ def run_episode(
 
     def frame(t_ns: int) -> np.ndarray:
         if t_ns not in rendered:
-            rendered[t_ns] = camera_view(scene, texture, trajectory.at(t_ns), config.camera_size)
+            rendered[t_ns] = camera_view(scene, texture, trajectory.state_at(t_ns), config.camera_size)
         return rendered[t_ns]
 
     def observe(now: int) -> Observation:
@@ -148,20 +156,20 @@ def run_episode(
         poses = pose_ns[(pose_ns <= now) & (pose_ns > now - HISTORY_NS)]
         widths = width_ns[(width_ns <= now) & (width_ns > now - HISTORY_NS)]
         frames = camera_ns[camera_ns <= min(poses[-1], widths[-1])][-config.history_frames :]
-        states = [trajectory.at(int(t)) for t in poses]
+        states = trajectory.at(poses)
         return Observation.checked(
             frames,
             np.stack([frame(int(t)) for t in frames]),
             poses,
-            np.stack([s.position for s in states]),
-            np.stack([s.quaternion for s in states]),
+            states[:, :3],
+            states[:, 3:7],
             widths,
-            [trajectory.at(int(t)).width for t in widths],
+            trajectory.at(widths)[:, 7],
         )
 
-    # The episode starts with the first frame captured before t0 less two periods, as a recording's
-    # first frames see the gripper still.
-    first_ns = int(camera_ns[camera_ns <= t0 - 2 * round(NS / config.frequency_hz)][0])
+    # The episode starts with the streams' first frame: they ran LEAD_IN_NS with the gripper still
+    # before t0, as a recording's first frames see it still.
+    first_ns = int(camera_ns[0])
     now = t0
     while now < end_ns and not sim.done():
         chunk = controller.act(observe(now), now_ns=now, episode_start_ns=first_ns)
