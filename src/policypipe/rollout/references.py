@@ -131,8 +131,8 @@ def nearest_demonstration(
 
 class NearestDemonstrationReplay(_Reference):
     """A blind reference: the training demonstration that started nearest this episode's start pose,
-    its motion replayed open loop from this start (moved and turned so that its first pose is this
-    one). It sees nothing: what it gets right, it gets from the scenes' likeness."""
+    its motion replayed open loop from this start (moved, and turned by the difference in heading, so
+    that it starts here). It sees nothing: what it gets right, it gets from the scenes' likeness."""
 
     def __init__(
         self,
@@ -146,9 +146,15 @@ class NearestDemonstrationReplay(_Reference):
         super().__init__(frequency_hz, steps)
         d = demonstration
         self.demonstration, self.start_ns = d, int(start_ns)
-        # world <- this start <- the demonstration's start
+        # The path is turned about the vertical by the difference in heading (a descent stays a
+        # descent whatever the hands' tilts), the orientations by the whole difference (so the first
+        # target is the start orientation, not a jump).
+        start = Demonstration(
+            "", np.zeros(1), np.zeros((1, 3)), np.asarray(start_quaternion)[None], np.zeros(1)
+        )
+        turn = Rotation.from_euler("z", start.heading() - d.heading())
         move = Rotation.from_quat(start_quaternion) * Rotation.from_quat(d.quaternion[0]).inv()
-        self.position = np.asarray(start_position) + move.apply(d.position - d.position[0])
+        self.position = np.asarray(start_position) + turn.apply(d.position - d.position[0])
         self.rotation = Slerp(d.t_s, move * Rotation.from_quat(d.quaternion))
 
     def act(
