@@ -76,7 +76,8 @@ def main() -> None:
         failures = ", ".join(f"{o} {n}" for o, n in m["outcomes"].items() if n and o != "success")
         print(
             f"{controller}: success {m['success_rate']:.0%} [{ci['ci95_low']:.0%}, {ci['ci95_high']:.0%}] "
-            f"of {m['episodes']}" + (f"; {failures}" if failures else "")
+            f"of {m['episodes']}, grasped the block in {m['grasp_rate']:.0%}"
+            + (f"; {failures}" if failures else "")
         )
     print(f"videos: {', '.join(p.name for p in videos) or 'none'}; {time.monotonic() - started:.0f} s")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from policypipe.evaluation.errors import hierarchical_bootstrap, percentile_ci
-from policypipe.rollout.report import RolloutStageConfig, run_rollouts, wilson_interval
+from policypipe.rollout.report import UNGRASPED, RolloutStageConfig, run_rollouts, wilson_interval
 from policypipe.synthetic.simulator import OUTCOMES
 
 
@@ -38,10 +38,11 @@ def main() -> None:
     stage = RolloutStageConfig(episodes=args.episodes, first_seed=args.first_seed, videos=0)
     results: dict = {"scenes": [args.first_seed, args.first_seed + args.episodes - 1], "configs": {}}
     for name, *policies in args.config:
-        per_policy, successes = {}, []
+        per_policy, successes, all_episodes = {}, [], []
         for policy in policies:
             started = time.monotonic()
             episodes = run_rollouts(Path(policy), stage, args.workers, [], controllers=("policy",))["policy"]
+            all_episodes += episodes
             won = np.array([r.outcome == "success" for r in episodes], dtype=np.float64)
             successes.append(won)
             low, high = wilson_interval(int(won.sum()), len(won))
@@ -57,13 +58,23 @@ def main() -> None:
         matrix = np.stack(successes)  # (seeds, scenes)
         replicates = hierarchical_bootstrap({name: {"s": matrix}}, np.arange(matrix.shape[1]), seed=0)
         low, high = percentile_ci(replicates[name]["s"])
+        # All episodes pooled: no seed variation, but unlike the bootstrap not stuck at [0, 0] (or
+        # [1, 1]) when no episode (or every one) succeeds.
+        pooled = wilson_interval(int(matrix.sum()), matrix.size)
         results["configs"][name] = {
             "success_rate": float(matrix.mean()),
             "ci95": [low, high],
             "ci_method": f"percentile bootstrap over {len(policies)} seeds, then {matrix.shape[1]} scenes",
+            "pooled_wilson_ci95": list(pooled),
+            "grasped": float(np.mean([r.outcome not in UNGRASPED for r in all_episodes])),
             "policies": per_policy,
         }
-        print(f"{name}: {matrix.mean():.1%} [{low:.1%}, {high:.1%}] over {len(policies)} seeds", flush=True)
+        print(
+            f"{name}: {matrix.mean():.1%} [{low:.1%}, {high:.1%}] over {len(policies)} seeds "
+            f"(pooled Wilson [{pooled[0]:.1%}, {pooled[1]:.1%}]); grasped the block in "
+            f"{results['configs'][name]['grasped']:.0%} of the episodes",
+            flush=True,
+        )
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
 

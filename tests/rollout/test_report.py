@@ -27,6 +27,8 @@ def test_the_summary_counts_outcomes_and_times_only_successes() -> None:
     assert s["episodes"] == 3 and s["success_rate"] == pytest.approx(2 / 3)
     assert s["outcomes"]["dropped"] == 1 and s["outcomes"]["timed_out"] == 0
     assert s["time_to_success_s"] == {"mean": 9.0, "max": 10.0}
+    assert s["grasp_rate"] == pytest.approx(1.0)  # a drop, too, held it first
+    assert summary([result(0, "closed_on_nothing"), result(1, "timed_out")])["grasp_rate"] == 0.5
     assert s["seeds"] == {"success": [0, 2], "dropped": [1]}
     assert summary([result(0, "timed_out")])["time_to_success_s"] is None
     assert s["missed_closes"] == {"count": 0, "median_margin_mm": None}

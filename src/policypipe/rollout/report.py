@@ -28,6 +28,8 @@ from policypipe.rollout.references import (
 )
 from policypipe.synthetic.simulator import OUTCOMES, SimConfig
 
+# Outcomes of episodes that never held the block: the rest gripped it at least once.
+UNGRASPED = ("never_closed_on_block", "closed_on_nothing")
 CONTROLLERS = ("policy", "demonstration_replay", "nearest_demonstration_replay", "hold_still")
 
 
@@ -83,6 +85,8 @@ def summary(results: list[EpisodeResult]) -> dict[str, Any]:
         "success_rate": successes / n,
         "success_ci95": {"ci95_low": low, "ci95_high": high, "method": "Wilson score interval"},
         "outcomes": {o: outcomes[o] for o in OUTCOMES},
+        # Progress short of success: episodes that gripped the block at least once.
+        "grasp_rate": sum(outcomes[o] for o in OUTCOMES if o not in UNGRASPED) / n,
         "time_to_success_s": {"mean": float(np.mean(times)), "max": float(np.max(times))} if times else None,
         "seeds": {o: [r.seed for r in results if r.outcome == o] for o in OUTCOMES if outcomes[o]},
         # Why the closes that gripped nothing missed: each grip condition's median margin (mm; a
