@@ -13,7 +13,7 @@ from pathlib import Path
 from common import fail, load_config, setup_logging
 
 from policypipe.atomic import write_json_atomic
-from policypipe.lineage.hashing import sha256_path
+from policypipe.lineage.hashing import sha256_file, sha256_path
 from policypipe.lineage.provenance import StageRun
 from policypipe.rollout.references import training_demonstrations
 from policypipe.rollout.report import (
@@ -47,7 +47,8 @@ def main() -> None:
         except (OSError, ValueError) as exc:
             fail(f"{exc}; rebuild it with `dvc repro train` (or `dvc pull`)")
         try:
-            demonstrations = training_demonstrations(args.dataset, json.loads(args.stats.read_text()))
+            stats = json.loads(args.stats.read_text())
+            demonstrations = training_demonstrations(args.dataset, stats)
         except (OSError, ValueError, KeyError) as exc:
             fail(
                 f"cannot read the training demonstrations from {args.dataset} and {args.stats}: {exc}; "
@@ -66,8 +67,10 @@ def main() -> None:
         args.plots.mkdir(parents=True, exist_ok=True)
         contact_sheet(results["policy"], args.plots / "final_frames.png")
         videos = record_videos(args.policy, config, video_seeds(results["policy"], config.videos), args.plots)
-    for path in (args.policy, args.dataset, args.stats):
-        run.inputs[path.as_posix()] = sha256_path(path)
+    run.inputs[args.policy.as_posix()] = sha256_path(args.policy)
+    # As eval records them: the dataset by the fingerprint stats recorded (not a walk of its files).
+    run.inputs[args.dataset.as_posix() + "#fingerprint"] = stats["dataset_fingerprint"]["sha256"]
+    run.inputs[args.stats.as_posix()] = sha256_file(args.stats)
     run.add_outputs([args.metrics, args.plots])
     run.write(args.provenance)
     for controller in CONTROLLERS:
