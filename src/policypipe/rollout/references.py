@@ -85,8 +85,13 @@ class Demonstration:
     width: np.ndarray  # (N,)
 
     def heading(self) -> float:
-        x_axis = Rotation.from_quat(self.quaternion[0]).as_matrix()[:, 0]
-        return float(np.arctan2(x_axis[1], x_axis[0]))
+        return _heading(self.quaternion[0])
+
+
+def _heading(quaternion: np.ndarray) -> float:
+    """The direction of the tool's x axis on the table, rad."""
+    x_axis = Rotation.from_quat(quaternion).as_matrix()[:, 0]
+    return float(np.arctan2(x_axis[1], x_axis[0]))
 
 
 def training_demonstrations(store: Path, stats: dict) -> list[Demonstration]:
@@ -120,7 +125,7 @@ def nearest_demonstration(
     demonstrations: list[Demonstration], position: np.ndarray, quaternion: np.ndarray
 ) -> Demonstration:
     """The demonstration that starts nearest the pose (position, and heading at HEADING_M_PER_RAD)."""
-    heading = Demonstration("", np.zeros(1), position[None], quaternion[None], np.zeros(1)).heading()
+    heading = _heading(quaternion)
 
     def distance(d: Demonstration) -> float:
         turn = abs((d.heading() - heading + np.pi) % (2 * np.pi) - np.pi)
@@ -149,10 +154,7 @@ class NearestDemonstrationReplay(_Reference):
         # The path is turned about the vertical by the difference in heading (a descent stays a
         # descent whatever the hands' tilts), the orientations by the whole difference (so the first
         # target is the start orientation, not a jump).
-        start = Demonstration(
-            "", np.zeros(1), np.zeros((1, 3)), np.asarray(start_quaternion)[None], np.zeros(1)
-        )
-        turn = Rotation.from_euler("z", start.heading() - d.heading())
+        turn = Rotation.from_euler("z", _heading(start_quaternion) - d.heading())
         move = Rotation.from_quat(start_quaternion) * Rotation.from_quat(d.quaternion[0]).inv()
         self.position = np.asarray(start_position) + turn.apply(d.position - d.position[0])
         self.rotation = Slerp(d.t_s, move * Rotation.from_quat(d.quaternion))
