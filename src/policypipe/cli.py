@@ -20,6 +20,8 @@ def _sample(args: argparse.Namespace) -> int:
         defects=args.defects,
         task=args.task,
         recovery=args.recovery,
+        grippers=args.grippers,
+        scene_camera=args.scene_camera,
     )
     t0 = time.monotonic()
     export = write_sample_export(args.out_dir, config)
@@ -391,6 +393,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FRACTION",
         help="this fraction of the recordings stray off the plain path and correct back "
         "(recovery demonstrations; default: 0)",
+    )
+    p.add_argument(
+        "--grippers",
+        type=int,
+        default=1,
+        help="grippers side by side, each moving a block of its own (2: bimanual, recording format 2; "
+        "default: 1)",
+    )
+    p.add_argument(
+        "--scene-camera",
+        action="store_true",
+        help="add a fixed camera over the table (recording format 2): at 20 Hz on its own clock, "
+        "absent from the second recording",
     )
     p.set_defaults(func=_sample)
 

@@ -65,7 +65,7 @@ def bare_decode_resize(vio_paths: list[Path], config: ConvertConfig) -> tuple[in
     c0, t0 = cpu_s(), time.perf_counter()
     frames = 0
     for streams in payloads:
-        frames += len(decode_frames(streams, config.image_size).dropped)
+        frames += len(decode_frames(streams.cameras[0], config.image_size).dropped)
     return frames, time.perf_counter() - t0, cpu_s() - c0
 
 

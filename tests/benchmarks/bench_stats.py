@@ -67,6 +67,8 @@ def generate_store(path: Path, frames: int, episode_len: int, image_size=(48, 48
             layout.ATTRS_EPISODES: [{"stem": f"e{i}"} for i in range(len(ends))],
             layout.ATTRS_FREQUENCY: 30.0,
             layout.ATTRS_FORMAT: layout.FORMAT_VERSION,
+            layout.ATTRS_GRIPPERS: [0],
+            layout.ATTRS_CAMERAS: [0],
         }
     )
     return root

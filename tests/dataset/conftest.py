@@ -86,6 +86,8 @@ def make_store(
     root.attrs.update(
         {
             layout.ATTRS_FORMAT: layout.FORMAT_VERSION,
+            layout.ATTRS_GRIPPERS: [0],
+            layout.ATTRS_CAMERAS: [0],
             layout.ATTRS_FREQUENCY: 30.0,
             layout.ATTRS_IMAGE_SIZE: list(size),
             layout.ATTRS_EPISODES: [

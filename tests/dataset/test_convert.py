@@ -360,10 +360,10 @@ def test_a_recording_that_breaks_the_converter_is_excluded_and_the_others_kept(
     # Stands for any bug or library failure on input nobody foresaw (not a RecordingError).
     import policypipe.dataset.convert_workers as workers_module
 
-    def read_streams(path: Path, topics):
+    def read_streams(path: Path, topics, *numbers):
         if path.name.startswith("b_"):
             raise KeyError("nobody expected this")
-        return real_read_streams(path, topics)
+        return real_read_streams(path, topics, *numbers)
 
     real_read_streams = workers_module.read_streams
     monkeypatch.setattr(workers_module, "read_streams", read_streams)
@@ -389,7 +389,7 @@ _build_episode_as_committed = build_episode
 
 def build_episode(streams, config):  # an edit to the converter: every position moves by 1 m
     episode = _build_episode_as_committed(streams, config)
-    episode.eef_pos = episode.eef_pos + 1
+    episode.grippers[0].eef_pos = episode.eef_pos + 1
     return episode
 """
 
@@ -649,10 +649,10 @@ def test_a_recording_that_kills_its_worker_process_is_excluded_and_the_others_ke
     # Stands for the kernel's out-of-memory killer or a crash inside a decoder: the worker dies.
     import policypipe.dataset.convert_workers as workers_module
 
-    def read_streams(path: Path, topics):
+    def read_streams(path: Path, topics, *numbers):
         if path.name.startswith("b_"):
             os.kill(os.getpid(), signal.SIGKILL)
-        return real_read_streams(path, topics)
+        return real_read_streams(path, topics, *numbers)
 
     real_read_streams = workers_module.read_streams
     monkeypatch.setattr(workers_module, "read_streams", read_streams)  # forked workers inherit it

@@ -6,7 +6,6 @@ import tracemalloc
 import types
 import weakref
 from collections.abc import Callable
-from dataclasses import replace
 
 import av
 import cv2
@@ -58,7 +57,7 @@ def make_streams(camera_hz=30.0, pose_hz=150.0, seconds=2.0, camera_offset_s=0.1
         truncated=None,
     )
     fields.update(overrides)
-    return Streams(**fields)
+    return Streams.of_one_gripper(**fields)
 
 
 def test_pose_and_width_are_interpolated_at_each_camera_capture_time() -> None:
@@ -181,8 +180,8 @@ def test_resampling_puts_every_episode_on_one_grid() -> None:
 def test_resampling_keeps_each_frame_with_the_pose_of_its_own_capture_time() -> None:
     # A camera 7 ms off the 10 Hz grid: the nearest frames are kept at their capture times.
     streams = make_streams()
-    streams = replace(
-        streams, camera_ns=streams.camera_ns + np.where(np.arange(len(streams.camera_ns)) % 2, 7_000_000, 0)
+    streams = make_streams(
+        camera_ns=streams.camera_ns + np.where(np.arange(len(streams.camera_ns)) % 2, 7_000_000, 0)
     )
     ep = build_episode(streams, ConvertConfig(image_size=(32, 24), min_frames=5, resample_hz=10.0))
     assert set(ep.capture_ns.tolist()) <= set(

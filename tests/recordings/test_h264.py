@@ -180,7 +180,7 @@ def test_real_stream_headers(bframes: int, pix_fmt: str, profile_idc: int, chrom
 def decode_kept(packets: list[bytes], index: list[int]) -> tuple[list[str | None], np.ndarray]:
     """Decodes the packets as camera messages, each with its frame's capture time."""
     streams = make_streams(camera_ns=capture_ns(index), camera_data=packets, camera_format="h264")
-    decoded = decode_frames(streams, (64, 48))
+    decoded = decode_frames(streams.cameras[0], (64, 48))
     return decoded.dropped, decoded.rgb
 
 
@@ -273,7 +273,7 @@ def test_simulated_recording_with_dropped_camera_frames_decodes_every_frame() ->
     assert rec.truth.dropped_frames > 0 and missing_frames(rec.truth.camera_ns) > 0
     payloads = [CompressedVideo.FromString(m.data).data for m in rec.vio_messages if m.channel == "video"]
     position, quat = plan.pose_at(rec.truth.pose_ns)
-    streams = Streams(
+    streams = Streams.of_one_gripper(
         camera_ns=rec.truth.camera_ns,
         camera_data=payloads,
         camera_format="h264",

@@ -818,7 +818,9 @@ def test_camera_candidates_from_params_a_list_or_one_topic() -> None:
 
 def test_streams_built_without_the_new_fields_report_nothing_lost() -> None:
     empty = np.zeros(0, np.int64)
-    streams = Streams(empty, [], "jpeg", empty, np.zeros((0, 3)), np.zeros((0, 4)), empty, np.zeros(0), None)
+    streams = Streams.of_one_gripper(
+        empty, [], "jpeg", empty, np.zeros((0, 3)), np.zeros((0, 4)), empty, np.zeros(0), None
+    )
     assert (streams.camera_topic, streams.lost, streams.damage, streams.warnings) == ("", {}, [], [])
 
 

@@ -194,7 +194,7 @@ def test_a_video_recording_gives_the_chunks_of_its_full_resolution_frames(
     assert summary.chunks == 4
     # What a robot with a video camera would send: frames decoded at the camera's full resolution.
     streams = read_streams(vio, ConvertConfig().topics)
-    full = decode_frames(streams, (320, 240))
+    full = decode_frames(streams.cameras[0], (320, 240))
     order = np.argsort(full.capture_ns)
     runner = PolicyRunner.load(pipeline.policy)
     start = summary.observation_ns[0]

@@ -57,6 +57,27 @@ class ConversionResult:
     store_files: int
 
     def metrics(self) -> dict[str, Any]:
+        cameras = self._camera_metrics()
+        return self._metrics() | ({"cameras": cameras} if cameras else {})
+
+    def _camera_metrics(self) -> dict[str, Any]:
+        """Per camera beyond camera 0 (none in a single-camera dataset): over the episodes, where it
+        was absent, the rows it is missing at, its frames' largest offset from their rows."""
+        summary: dict[str, Any] = {}
+        for ep in self.episodes:
+            for name, camera in ep.get("cameras", {}).items():
+                total = summary.setdefault(
+                    name, {"episodes_absent": 0, "rows_missing": 0, "gaps": 0, "offset_ms_max": None}
+                )
+                total["episodes_absent"] += camera["topic"] is None
+                total["rows_missing"] += camera["rows_missing"]
+                total["gaps"] += camera["gaps"]
+                largest = camera["offset_ms"]["max_abs"]
+                if largest is not None:
+                    total["offset_ms_max"] = max(largest, total["offset_ms_max"] or 0.0)
+        return summary
+
+    def _metrics(self) -> dict[str, Any]:
         dropped: Counter[str] = Counter()
         lost: Counter[str] = Counter()
         for ep in self.episodes:

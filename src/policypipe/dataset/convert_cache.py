@@ -146,41 +146,58 @@ def write_cache_file(path: Path, blob: bytes, frames: int) -> None:
         raise
 
 
+def episode_arrays(episode: Episode, jpeg_quality: int) -> dict[str, np.ndarray]:
+    """The arrays of a cache entry: camera 0's frames as JPEG and gripper 0's values under their
+    version 1 names; another gripper's under `robot{i}_`, another camera's under `camera{k}_`."""
+    arrays = {
+        **_jpeg_arrays(episode.rgb, jpeg_quality, ""),
+        "capture_ns": episode.capture_ns,
+    }
+    for i, gripper in episode.grippers.items():
+        prefix = "" if i == 0 else f"robot{i}_"
+        arrays |= {
+            f"{prefix}eef_pos": gripper.eef_pos,
+            f"{prefix}eef_rot": gripper.eef_rot_axis_angle,
+            f"{prefix}width": gripper.gripper_width,
+            f"{prefix}pose_ns": gripper.pose_ns,
+            f"{prefix}pose_position": gripper.pose_position,
+            f"{prefix}pose_rot": gripper.pose_rot_axis_angle,
+            f"{prefix}width_ns": gripper.width_ns,
+            f"{prefix}width_values": gripper.width_values,
+        }
+    for k, camera in episode.cameras.items():
+        arrays |= {
+            **_jpeg_arrays(camera.rgb, jpeg_quality, f"camera{k}_"),
+            f"camera{k}_offset_ns": camera.offset_ns,
+            f"camera{k}_valid": camera.valid,
+        }
+    return arrays
+
+
+def _jpeg_arrays(rgb: np.ndarray, jpeg_quality: int, prefix: str) -> dict[str, np.ndarray]:
+    encoded = [encode_jpeg(frame, jpeg_quality) for frame in rgb]
+    offsets = np.concatenate([[0], np.cumsum([len(e) for e in encoded])]).astype(np.int64)
+    return {
+        f"{prefix}jpeg": np.frombuffer(b"".join(encoded), dtype=np.uint8),
+        f"{prefix}jpeg_offsets": offsets,
+    }
+
+
 def save_arrays(path: Path, episode: Episode, jpeg_quality: int) -> None:
     # Frames are JPEG-encoded here, in the worker, in parallel: the cache stays small and the
     # store is assembled from these exact bytes without coding anything again.
-    encoded = [encode_jpeg(frame, jpeg_quality) for frame in episode.rgb]
-    offsets = np.concatenate([[0], np.cumsum([len(e) for e in encoded])]).astype(np.int64)
+    arrays = episode_arrays(episode, jpeg_quality)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            np.savez(
-                f,
-                jpeg=np.frombuffer(b"".join(encoded), dtype=np.uint8),
-                jpeg_offsets=offsets,
-                eef_pos=episode.eef_pos,
-                eef_rot=episode.eef_rot_axis_angle,
-                width=episode.gripper_width,
-                capture_ns=episode.capture_ns,
-                pose_ns=episode.pose_ns,
-                pose_position=episode.pose_position,
-                pose_rot=episode.pose_rot_axis_angle,
-                width_ns=episode.width_ns,
-                width_values=episode.width_values,
-            )
+            np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError) and is_disk_full(exc):
-            # Frames, their low-dim rows, and the pose and width samples.
-            needed = (
-                int(offsets[-1])
-                + 64 * len(episode.capture_ns)
-                + 56 * len(episode.pose_ns)
-                + 16 * len(episode.width_ns)
-            )
+            needed = sum(a.nbytes for a in arrays.values())
             raise DiskFullError(str(path), needed, len(episode.capture_ns)) from None
         raise
 

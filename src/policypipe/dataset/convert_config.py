@@ -15,6 +15,15 @@ class ConvertConfig:
 
     # Which stream feeds which key.
     topics: Topics = Topics()
+    # The grippers and cameras the dataset keeps, by number (recording-format.md, "Version 2");
+    # gripper 0 and camera 0 (its wrist camera: the dataset's clock) always.
+    grippers: tuple[int, ...] = (0,)
+    cameras: tuple[int, ...] = (0,)
+    # Camera k >= 1: its frame nearest each of camera 0's, kept when at most this far in time.
+    max_camera_offset_ms: float = 40.0
+    # A kept camera absent from a recording, or without a frame near more than
+    # max_undecodable_fraction of its rows: "exclude" the recording, or "mask" those rows.
+    on_missing_camera: Literal["exclude", "mask"] = "exclude"
     # (width, height) of the stored frames; resized with area averaging (suited to downscaling).
     image_size: tuple[int, int] = (96, 96)
     # Frames are stored as JPEG (docs/dataset.md, "Image codec").
@@ -41,6 +50,16 @@ class ConvertConfig:
     slurm: SlurmArrayConfig = SlurmArrayConfig()
 
     def __post_init__(self) -> None:
+        for name in ("grippers", "cameras"):
+            numbers = tuple(getattr(self, name))
+            object.__setattr__(self, name, numbers)
+            if not numbers or numbers[0] != 0 or list(numbers) != sorted(set(numbers)):
+                raise ValueError(
+                    f"{name}={list(numbers)}: list the numbers in increasing order, from 0 "
+                    f"(gripper 0 and camera 0 are always kept), e.g. [0] or [0, 1]"
+                )
+        if not 0 < self.max_camera_offset_ms <= 1000:
+            raise ValueError(f"max_camera_offset_ms must be in (0, 1000], got {self.max_camera_offset_ms}")
         w, h = self.image_size
         if not (8 <= w <= 4096 and 8 <= h <= 4096):
             raise ValueError(

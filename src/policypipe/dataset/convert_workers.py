@@ -29,7 +29,7 @@ from policypipe.dataset.convert_cache import (
     write_cache_file,
 )
 from policypipe.dataset.convert_config import ConvertConfig
-from policypipe.dataset.episode import build_episode
+from policypipe.dataset.episode import CameraEpisode, build_episode
 from policypipe.dataset.errors import DatasetError, DiskFullError, megabytes
 from policypipe.processes import process_pool
 from policypipe.recordings.messages import RecordingError
@@ -60,7 +60,8 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
         return cached
     record = record_of(rec, key)
     try:
-        episode = build_episode(read_streams(rec.vio_path, config.topics), config)
+        streams = read_streams(rec.vio_path, config.topics, config.grippers, config.cameras)
+        episode = build_episode(streams, config)
         if rec.expected_frames is not None and rec.expected_frames != episode.frames_in:
             episode.warnings.append(
                 f"status json says {rec.expected_frames} frames, "
@@ -90,6 +91,14 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
             "resample_offset_ms": _offset_summary_ms(episode.resample_offset_ns),
             "warnings": episode.warnings,
         }
+        for i, gripper in episode.grippers.items():
+            if i != 0:
+                record |= {
+                    f"robot{i}_pose_samples": len(gripper.pose_ns),
+                    f"robot{i}_width_samples": len(gripper.width_ns),
+                }
+        if episode.cameras:
+            record["cameras"] = {f"camera{k}": _camera_summary(c) for k, c in episode.cameras.items()}
     # The record is written last: its presence means the entry is complete. It is returned as
     # read back, so a fresh and a cached conversion give the same attributes, key order included.
     blob = canonical_json(record)
@@ -102,6 +111,25 @@ def _offset_summary_ms(offset_ns: np.ndarray | None) -> dict[str, float] | None:
     if offset_ns is None:
         return None
     return {"mean": round(float(offset_ns.mean()) / 1e6, 3), "max": round(float(offset_ns.max()) / 1e6, 3)}
+
+
+def _camera_summary(camera: CameraEpisode) -> dict[str, Any]:
+    """A camera beyond camera 0 in one episode: its own rate and gaps, and how far its chosen frames
+    are from the rows they fill."""
+    offset_ms = np.abs(camera.offset_ns[camera.valid]) / 1e6
+    frequency = camera.frequency_hz
+    return {
+        "topic": camera.topic or None,  # None: absent from the recording
+        "frames_in": camera.frames_in,
+        "frequency_hz": None if frequency is None else round(frequency, 6),
+        "gaps": camera.gaps,
+        "dropped": camera.dropped,
+        "rows_missing": int((~camera.valid).sum()),
+        "offset_ms": {
+            "mean_abs": round(float(offset_ms.mean()), 3) if len(offset_ms) else None,
+            "max_abs": round(float(offset_ms.max()), 3) if len(offset_ms) else None,
+        },
+    }
 
 
 def _unexpected_failure(rec: RecordingInput, exc: Exception) -> dict[str, Any]:

@@ -23,37 +23,99 @@ from scipy.spatial.transform import Rotation, Slerp
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.recordings.h264 import Verdict, check_references
 from policypipe.recordings.messages import RecordingError
-from policypipe.recordings.streams import Streams
+from policypipe.recordings.streams import CameraStream, GripperStreams, Streams, stream_name
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class Episode:
-    rgb: np.ndarray  # uint8 (N, H, W, 3)
+class GripperEpisode:
+    """One gripper's pose and width at the episode's frames, and its recorded samples."""
+
     eef_pos: np.ndarray  # float32 (N, 3)
     eef_rot_axis_angle: np.ndarray  # float32 (N, 3)
     gripper_width: np.ndarray  # float32 (N, 1)
-    capture_ns: np.ndarray  # int64 (N,), absolute capture time of each kept frame
     # The recorded pose and width samples covering the kept frames (see `covering`).
     pose_ns: np.ndarray  # int64 (P,)
     pose_position: np.ndarray  # float64 (P, 3)
     pose_rot_axis_angle: np.ndarray  # float64 (P, 3)
     width_ns: np.ndarray  # int64 (W,)
     width_values: np.ndarray  # float64 (W,)
-    frames_in: int  # camera messages read (lost ones are not among them)
+
+
+@dataclass
+class CameraEpisode:
+    """A camera other than camera 0 at the episode's frames: its frame nearest each one in time."""
+
+    rgb: np.ndarray  # uint8 (N, H, W, 3); black where not `valid`
+    offset_ns: np.ndarray  # int64 (N,), its frame's capture time minus the row's; 0 where absent
+    valid: np.ndarray  # bool (N,), a frame within convert.max_camera_offset_ms
+    topic: str  # "" when the camera is absent from the recording
+    frames_in: int  # its messages read
+    own_ns: np.ndarray  # int64, its usable frames' capture times inside the episode's span
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def frequency_hz(self) -> float | None:
+        return measured_frequency(self.own_ns) if len(self.own_ns) >= 2 else None
+
+    @property
+    def gaps(self) -> int:
+        return missing_frames(self.own_ns)
+
+
+@dataclass
+class Episode:
+    rgb: np.ndarray  # uint8 (N, H, W, 3), camera 0: the dataset's clock
+    grippers: dict[int, GripperEpisode]  # gripper 0 and every other kept one
+    capture_ns: np.ndarray  # int64 (N,), absolute capture time of each kept frame of camera 0
+    frames_in: int  # camera 0 messages read (lost ones are not among them)
     dropped: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     camera_topic: str = ""
-    # Messages per stream ("camera", "pose", "width") lost to damage in the file: never read.
+    # Messages per stream (`streams.stream_name`) lost to damage in the file: never read.
     lost_messages: dict[str, int] = field(default_factory=dict)
     # Why reading stopped before the end of a file without an index to skip damage, or None.
     read_stopped: str | None = None
     # With convert.resample_hz: |capture time - grid time| of the frame chosen for each grid time.
     resample_offset_ns: np.ndarray | None = None
-    # The camera's own frames inside the pose and width span, before any resampling: its rate and
+    # Camera 0's own frames inside the pose and width span, before any resampling: its rate and
     # drops are measured on them (the frames kept on a grid would show the grid and its jitter).
     camera_ns: np.ndarray | None = None
+    cameras: dict[int, CameraEpisode] = field(default_factory=dict)  # the other kept cameras
+
+    # Gripper 0: all of a version 1 recording.
+    @property
+    def eef_pos(self) -> np.ndarray:
+        return self.grippers[0].eef_pos
+
+    @property
+    def eef_rot_axis_angle(self) -> np.ndarray:
+        return self.grippers[0].eef_rot_axis_angle
+
+    @property
+    def gripper_width(self) -> np.ndarray:
+        return self.grippers[0].gripper_width
+
+    @property
+    def pose_ns(self) -> np.ndarray:
+        return self.grippers[0].pose_ns
+
+    @property
+    def pose_position(self) -> np.ndarray:
+        return self.grippers[0].pose_position
+
+    @property
+    def pose_rot_axis_angle(self) -> np.ndarray:
+        return self.grippers[0].pose_rot_axis_angle
+
+    @property
+    def width_ns(self) -> np.ndarray:
+        return self.grippers[0].width_ns
+
+    @property
+    def width_values(self) -> np.ndarray:
+        return self.grippers[0].width_values
 
     @property
     def frequency_hz(self) -> float:
@@ -135,7 +197,7 @@ class DecodedFrames:
         return np.array([reason is None for reason in self.dropped], dtype=bool)
 
 
-def decode_frames(streams: Streams, image_size: tuple[int, int]) -> DecodedFrames:
+def decode_frames(camera: CameraStream, image_size: tuple[int, int]) -> DecodedFrames:
     """Decodes and resizes one frame at a time into an output of the stored size.
 
     Memory holds one full-resolution frame at a time (plus the H.264 decoder's own reference
@@ -145,12 +207,12 @@ def decode_frames(streams: Streams, image_size: tuple[int, int]) -> DecodedFrame
     """
     w, h = image_size
     # np.zeros: the pages of frames that are never written are never touched.
-    rgb = np.zeros((len(streams.camera_data), h, w, 3), np.uint8)
-    if streams.camera_format == "h264":
-        dropped = _decode_h264(streams, rgb)
+    rgb = np.zeros((len(camera.data), h, w, 3), np.uint8)
+    if camera.format == "h264":
+        dropped = _decode_h264(camera.data, rgb)
     else:
-        dropped = [_decode_still_into(data, out) for data, out in zip(streams.camera_data, rgb)]
-    return DecodedFrames(capture_ns=streams.camera_ns, rgb=rgb, dropped=dropped)
+        dropped = [_decode_still_into(data, out) for data, out in zip(camera.data, rgb)]
+    return DecodedFrames(capture_ns=camera.ns, rgb=rgb, dropped=dropped)
 
 
 def decode_still_bgr(data: bytes) -> np.ndarray | None:
@@ -176,7 +238,7 @@ def _decode_still_into(data: bytes, out: np.ndarray) -> str | None:
     return None
 
 
-def _decode_h264(streams: Streams, out: np.ndarray) -> list[str | None]:
+def _decode_h264(packets: list[bytes], out: np.ndarray) -> list[str | None]:
     """Decodes the stream in file order into `out` (M, H, W, 3); returns the reason per message.
 
     A P or B picture decodes against earlier reference pictures. After a lost reference, or a
@@ -191,7 +253,7 @@ def _decode_h264(streams: Streams, out: np.ndarray) -> list[str | None]:
     """
     codec = av.CodecContext.create("h264", "r")
     codec.thread_count = 1  # decoded pixels must not depend on the machine's core count
-    count = len(streams.camera_data)
+    count = len(packets)
     dropped: list[str | None] = [UNDECODABLE] * count  # until the decoder hands the frame back
     reference_lost = np.zeros(count, dtype=bool)
 
@@ -206,7 +268,7 @@ def _decode_h264(streams: Streams, out: np.ndarray) -> list[str | None]:
     # The decoder failed on a packet since the last IDR: what that cost its references does
     # not show in the bitstream, so everything up to the next IDR is suspect.
     decoder_failed = False
-    for index, (data, check) in enumerate(zip(streams.camera_data, check_references(streams.camera_data))):
+    for index, (data, check) in enumerate(zip(packets, check_references(packets))):
         if check.verdict is Verdict.UNREADABLE:
             # Never sent: an empty packet would tell the decoder "end of stream", and a
             # damaged one would leave a concealed picture among its references.
@@ -385,7 +447,7 @@ def _build_episode(streams: Streams, config: ConvertConfig) -> Episode:
         warnings.append(f"truncated recording: {streams.truncated}")
     warnings.extend(DAMAGE_WARNING + line for line in streams.damage)
 
-    decoded = decode_frames(streams, config.image_size)
+    decoded = decode_frames(streams.cameras[0], config.image_size)
     camera_ns, frames_in = decoded.capture_ns, len(decoded.dropped)
     reasons = Counter(reason for reason in decoded.dropped if reason is not None)
     dropped.update(reasons)
@@ -429,30 +491,14 @@ def _build_episode(streams: Streams, config: ConvertConfig) -> Episode:
         dropped["duplicate_timestamp"] += int((~unique).sum())
     order, t_cam = order[unique], t_cam[unique]
 
-    span, problems, pose_t, pos, quat = clean_pose_span(
-        streams.pose_ns, streams.position, streams.quaternion, config
-    )
-    if problems:
-        if config.on_tracking_loss == "exclude" or span.stop - span.start < 2:
-            raise RecordingError(
-                "tracking_loss",
-                f"VIO tracking loss: {problems} invalid pose samples or jumps faster than "
-                f"{config.max_speed_m_s} m/s / {config.max_angular_speed_deg_s} deg/s",
-            )
-        warnings.append(f"VIO tracking loss ({problems} bad samples or jumps): kept the longest clean span")
-    pose_t, pos, quat = pose_t[span], pos[span], quat[span]
-
-    w_order = np.argsort(streams.width_ns, kind="stable")
-    width_t, width = streams.width_ns[w_order], streams.width[w_order]
-    w_keep = np.concatenate([[True], np.diff(width_t) > 0]) & np.isfinite(width)
-    width_t, width = width_t[w_keep], width[w_keep]
-    if len(width_t) < 2 or len(pose_t) < 2:
-        raise RecordingError("too_short", "fewer than two usable pose or width samples")
-
-    lo, hi = max(pose_t[0], width_t[0]), min(pose_t[-1], width_t[-1])
+    samples = {i: _clean_samples(i, gripper, config, warnings) for i, gripper in streams.grippers.items()}
+    problems = sum(g.problems for g in samples.values())
+    lo = max(max(g.pose_t[0], g.width_t[0]) for g in samples.values())
+    hi = min(min(g.pose_t[-1], g.width_t[-1]) for g in samples.values())
     inside = (t_cam >= lo) & (t_cam <= hi)
     if len(t_cam) and not inside.any():
-        raise RecordingError("no_time_overlap", _no_overlap(t_cam, (pose_t, width_t), (lo, hi)))
+        first = samples[0]
+        raise RecordingError("no_time_overlap", _no_overlap(t_cam, (first.pose_t, first.width_t), (lo, hi)))
     if problems:
         dropped["tracking_loss"] += int((~inside).sum())
     else:
@@ -476,18 +522,12 @@ def _build_episode(streams: Streams, config: ConvertConfig) -> Episode:
             "too_short", f"{len(t_cam)} usable frames, fewer than convert.min_frames = {config.min_frames}"
         )
 
-    # Interpolate on int64 offsets from a reference, so float64 keeps nanosecond precision.
-    ref = pose_t[0]
-    x_cam = (t_cam - ref).astype(np.float64)
-    eef_pos, rot = PoseInterpolator((pose_t - ref).astype(np.float64), pos, Rotation.from_quat(quat))(x_cam)
-    grip = interpolate_width(x_cam, (width_t - ref).astype(np.float64), width)
-    pose_kept, width_kept = covering(pose_t, t_cam[0], t_cam[-1]), covering(width_t, t_cam[0], t_cam[-1])
-
+    cameras = {
+        k: _other_camera(k, streams, t_cam, (lo, hi), config, warnings) for k in config.cameras if k != 0
+    }
     return Episode(
         rgb=decoded.rgb[order],
-        eef_pos=eef_pos.astype(np.float32),
-        eef_rot_axis_angle=rot.as_rotvec().astype(np.float32),
-        gripper_width=grip.astype(np.float32)[:, None],
+        grippers={i: g.at(t_cam) for i, g in samples.items()},
         capture_ns=t_cam,
         frames_in=frames_in,
         dropped={k: v for k, v in sorted(dropped.items()) if v},
@@ -495,11 +535,139 @@ def _build_episode(streams: Streams, config: ConvertConfig) -> Episode:
         camera_topic=streams.camera_topic,
         lost_messages=dict(sorted(streams.lost.items())),
         read_stopped=streams.truncated,
-        pose_ns=pose_t[pose_kept],
-        pose_position=pos[pose_kept].astype(np.float64),
-        pose_rot_axis_angle=Rotation.from_quat(quat[pose_kept]).as_rotvec(),
-        width_ns=width_t[width_kept],
-        width_values=width[width_kept].astype(np.float64),
         resample_offset_ns=resample_offset_ns,
         camera_ns=camera_ns,
+        cameras=cameras,
+    )
+
+
+@dataclass
+class _CleanSamples:
+    """One gripper's pose and width samples, sorted, de-duplicated, its longest clean pose span."""
+
+    problems: int  # invalid pose samples or jumps
+    pose_t: np.ndarray
+    pos: np.ndarray
+    quat: np.ndarray
+    width_t: np.ndarray
+    width: np.ndarray
+
+    def at(self, t_cam: np.ndarray) -> GripperEpisode:
+        """Its pose and width at the frames `t_cam`, and the samples that cover them."""
+        # Interpolate on int64 offsets from a reference, so float64 keeps nanosecond precision.
+        pose_t, width_t, ref = self.pose_t, self.width_t, self.pose_t[0]
+        x_cam = (t_cam - ref).astype(np.float64)
+        pose = PoseInterpolator((pose_t - ref).astype(np.float64), self.pos, Rotation.from_quat(self.quat))
+        eef_pos, rot = pose(x_cam)
+        grip = interpolate_width(x_cam, (width_t - ref).astype(np.float64), self.width)
+        pose_kept, width_kept = covering(pose_t, t_cam[0], t_cam[-1]), covering(width_t, t_cam[0], t_cam[-1])
+        return GripperEpisode(
+            eef_pos=eef_pos.astype(np.float32),
+            eef_rot_axis_angle=rot.as_rotvec().astype(np.float32),
+            gripper_width=grip.astype(np.float32)[:, None],
+            pose_ns=pose_t[pose_kept],
+            pose_position=self.pos[pose_kept].astype(np.float64),
+            pose_rot_axis_angle=Rotation.from_quat(self.quat[pose_kept]).as_rotvec(),
+            width_ns=width_t[width_kept],
+            width_values=self.width[width_kept].astype(np.float64),
+        )
+
+
+def _clean_samples(
+    i: int, gripper: GripperStreams, config: ConvertConfig, warnings: list[str]
+) -> _CleanSamples:
+    whose = "" if i == 0 else f"gripper {i}: "
+    span, problems, pose_t, pos, quat = clean_pose_span(
+        gripper.pose_ns, gripper.position, gripper.quaternion, config
+    )
+    if problems:
+        if config.on_tracking_loss == "exclude" or span.stop - span.start < 2:
+            raise RecordingError(
+                "tracking_loss",
+                f"{whose}VIO tracking loss: {problems} invalid pose samples or jumps faster than "
+                f"{config.max_speed_m_s} m/s / {config.max_angular_speed_deg_s} deg/s",
+            )
+        warnings.append(
+            f"{whose}VIO tracking loss ({problems} bad samples or jumps): kept the longest clean span"
+        )
+    pose_t, pos, quat = pose_t[span], pos[span], quat[span]
+
+    w_order = np.argsort(gripper.width_ns, kind="stable")
+    width_t, width = gripper.width_ns[w_order], gripper.width[w_order]
+    w_keep = np.concatenate([[True], np.diff(width_t) > 0]) & np.isfinite(width)
+    width_t, width = width_t[w_keep], width[w_keep]
+    if len(width_t) < 2 or len(pose_t) < 2:
+        raise RecordingError("too_short", f"{whose}fewer than two usable pose or width samples")
+    return _CleanSamples(problems, pose_t, pos, quat, width_t, width)
+
+
+def _other_camera(
+    k: int,
+    streams: Streams,
+    t_cam: np.ndarray,
+    span: tuple[int, int],
+    config: ConvertConfig,
+    warnings: list[str],
+) -> CameraEpisode:
+    """Camera k's frame nearest in time to each of camera 0's kept frames `t_cam`; a row without one
+    within convert.max_camera_offset_ms has none (`valid` false). An absent camera, or one missing
+    for more than convert.max_undecodable_fraction of the rows, excludes the recording unless
+    convert.on_missing_camera is "mask"."""
+    w, h = config.image_size
+    n = len(t_cam)
+    name = stream_name("camera", k)
+    if k not in streams.cameras:
+        if config.on_missing_camera == "exclude":
+            raise RecordingError(
+                "missing_camera",
+                f"{name} has no messages (topics {' or '.join(config.topics.camera_candidates(k))}); "
+                "convert.on_missing_camera: mask keeps such recordings with the camera marked absent",
+            )
+        warnings.append(f"{name} absent from the recording: every row marks it missing")
+        return CameraEpisode(
+            rgb=np.zeros((n, h, w, 3), np.uint8),
+            offset_ns=np.zeros(n, np.int64),
+            valid=np.zeros(n, bool),
+            topic="",
+            frames_in=0,
+            own_ns=np.zeros(0, np.int64),
+        )
+    decoded = decode_frames(streams.cameras[k], config.image_size)
+    reasons = Counter(reason for reason in decoded.dropped if reason is not None)
+    order = np.argsort(decoded.capture_ns, kind="stable")
+    order = order[decoded.usable[order]]
+    own = decoded.capture_ns[order]
+    unique = np.concatenate([[True], np.diff(own) > 0]) if len(own) else np.zeros(0, bool)
+    reasons["duplicate_timestamp"] += int((~unique).sum())
+    order, own = order[unique], own[unique]
+    if len(own) == 0:
+        nearest, offset = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        valid = np.zeros(n, bool)
+    else:
+        nearest = nearest_sample(own, t_cam) if len(own) >= 2 else np.zeros(n, np.int64)
+        offset = own[nearest] - t_cam
+        valid = np.abs(offset) <= int(round(config.max_camera_offset_ms * 1e6))
+    missing = int((~valid).sum())
+    if missing > config.max_undecodable_fraction * n:
+        detail = (
+            f"{name} has no frame within convert.max_camera_offset_ms = {config.max_camera_offset_ms} ms "
+            f"of {missing} of {n} rows (limit: convert.max_undecodable_fraction = "
+            f"{config.max_undecodable_fraction})"
+        )
+        if config.on_missing_camera == "exclude":
+            raise RecordingError(
+                "camera_gaps", f"{detail}; convert.on_missing_camera: mask keeps it with those rows marked"
+            )
+        warnings.append(f"{detail}: those rows mark it missing")
+    rgb = decoded.rgb[order[nearest]] if len(own) else np.zeros((n, h, w, 3), np.uint8)
+    rgb[~valid] = 0
+    inside = own[(own >= span[0]) & (own <= span[1])]
+    return CameraEpisode(
+        rgb=rgb,
+        offset_ns=np.where(valid, offset, 0).astype(np.int64),
+        valid=valid,
+        topic=streams.cameras[k].topic,
+        frames_in=len(decoded.dropped),
+        own_ns=inside,
+        dropped={r: c for r, c in sorted(reasons.items()) if c},
     )

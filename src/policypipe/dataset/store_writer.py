@@ -75,63 +75,87 @@ def write_store(
     w, h = config.image_size
 
     root = zarr.open_group(tmp, mode="w", zarr_format=3)
-    rgb = create_frames_array(root, layout.RGB, total, (w, h), layout.FRAMES_PER_SHARD, config.jpeg_quality)
-    frames = FrameShardWriter(tmp, rgb)
-    lowdim = {
-        key: root.create_array(
-            key,
-            shape=(total, 1 if key == layout.GRIPPER_WIDTH else 3),
-            dtype="float32",
-            chunks=(layout.LOWDIM_CHUNK, 1 if key == layout.GRIPPER_WIDTH else 3),
+    frames = {
+        k: FrameShardWriter(
+            tmp,
+            create_frames_array(
+                root, layout.camera_rgb(k), total, (w, h), layout.FRAMES_PER_SHARD, config.jpeg_quality
+            ),
         )
-        for key in layout.LOWDIM_KEYS
+        for k in config.cameras
     }
-    stamps = root.create_array(
-        layout.TIMESTAMP, shape=(total,), dtype="float64", chunks=(layout.LOWDIM_CHUNK,)
+
+    def rows(key: str, count: int, dims: tuple[int, ...], dtype: str = "float64") -> tuple[str, zarr.Array]:
+        return key, root.create_array(
+            key, shape=(count, *dims), dtype=dtype, chunks=(layout.LOWDIM_CHUNK, *dims)
+        )
+
+    columns = dict(
+        [
+            rows(layout.TIMESTAMP, total, ()),
+            *(rows(layout.camera_offset(k), total, ()) for k in config.cameras[1:]),
+            *(rows(layout.camera_valid(k), total, (), "bool") for k in config.cameras[1:]),
+        ]
     )
-    pose_rows = sum(ep["pose_samples"] for ep in episodes)
-    width_rows = sum(ep["width_samples"] for ep in episodes)
-    streams = {
-        key: root.create_array(key, shape=(rows, *dims), dtype="float64", chunks=(layout.LOWDIM_CHUNK, *dims))
-        for key, rows, dims in (
-            (layout.POSE_TIMESTAMP, pose_rows, ()),
-            (layout.POSE_POS, pose_rows, (3,)),
-            (layout.POSE_ROT, pose_rows, (3,)),
-            (layout.WIDTH_TIMESTAMP, width_rows, ()),
-            (layout.WIDTH, width_rows, (1,)),
+    samples = {}
+    for i in config.grippers:
+        pose_rows = sum(ep[_samples_key(i, "pose")] for ep in episodes)
+        width_rows = sum(ep[_samples_key(i, "width")] for ep in episodes)
+        samples[i] = (pose_rows, width_rows)
+        columns |= dict(
+            [
+                rows(layout.eef_pos(i), total, (3,), "float32"),
+                rows(layout.eef_rot(i), total, (3,), "float32"),
+                rows(layout.gripper_width(i), total, (1,), "float32"),
+                rows(layout.pose_timestamp(i), pose_rows, ()),
+                rows(layout.pose_pos(i), pose_rows, (3,)),
+                rows(layout.pose_rot(i), pose_rows, (3,)),
+                rows(layout.width_timestamp(i), width_rows, ()),
+                rows(layout.width(i), width_rows, (1,)),
+            ]
         )
-    }
-    appenders = {
-        k: _Appender(a, layout.LOWDIM_CHUNK)
-        for k, a in {**lowdim, layout.TIMESTAMP: stamps, **streams}.items()
-    }
-    ends, pose_ends, width_ends = [0], [0], [0]
+    appenders = {k: _Appender(a, layout.LOWDIM_CHUNK) for k, a in columns.items()}
+    ends: dict[str, list[int]] = {layout.EPISODE_ENDS: [0]}
+    for i in config.grippers:
+        ends[layout.pose_episode_ends(i)] = [0]
+        ends[layout.width_episode_ends(i)] = [0]
     for ep in episodes:
-        arrays = load_arrays(cache_dir, ep["key"])
-        data, offsets = arrays["jpeg"].tobytes(), arrays["jpeg_offsets"]
-        frames.append([data[a:b] for a, b in zip(offsets[:-1], offsets[1:])])
-        appenders[layout.EEF_POS].append(arrays["eef_pos"])
-        appenders[layout.EEF_ROT].append(arrays["eef_rot"])
-        appenders[layout.GRIPPER_WIDTH].append(arrays["width"])
-        ns = arrays["capture_ns"]
-        # Every time of an episode, frames and samples alike, on one clock: s since its first kept frame.
-        appenders[layout.TIMESTAMP].append((ns - ns[0]).astype(np.float64) / 1e9)
-        appenders[layout.POSE_TIMESTAMP].append((arrays["pose_ns"] - ns[0]).astype(np.float64) / 1e9)
-        appenders[layout.POSE_POS].append(arrays["pose_position"])
-        appenders[layout.POSE_ROT].append(arrays["pose_rot"])
-        appenders[layout.WIDTH_TIMESTAMP].append((arrays["width_ns"] - ns[0]).astype(np.float64) / 1e9)
-        appenders[layout.WIDTH].append(arrays["width_values"][:, None])
-        ends.append(ends[-1] + len(ns))
-        pose_ends.append(pose_ends[-1] + len(arrays["pose_ns"]))
-        width_ends.append(width_ends[-1] + len(arrays["width_ns"]))
-    frames.close()
+        cached = load_arrays(cache_dir, ep["key"])
+        for k, writer in frames.items():
+            prefix = "" if k == 0 else f"camera{k}_"
+            data, offsets = cached[f"{prefix}jpeg"].tobytes(), cached[f"{prefix}jpeg_offsets"]
+            writer.append([data[a:b] for a, b in zip(offsets[:-1], offsets[1:])])
+        ns = cached["capture_ns"]
+
+        def seconds(t_ns: np.ndarray, first: int = int(ns[0])) -> np.ndarray:
+            # Every time of an episode, frames and samples alike, on one clock: s since its first kept frame.
+            return (t_ns - first).astype(np.float64) / 1e9
+
+        appenders[layout.TIMESTAMP].append(seconds(ns))
+        for k in config.cameras[1:]:
+            appenders[layout.camera_offset(k)].append(cached[f"camera{k}_offset_ns"].astype(np.float64) / 1e9)
+            appenders[layout.camera_valid(k)].append(cached[f"camera{k}_valid"])
+        for i in config.grippers:
+            prefix = "" if i == 0 else f"robot{i}_"
+            appenders[layout.eef_pos(i)].append(cached[f"{prefix}eef_pos"])
+            appenders[layout.eef_rot(i)].append(cached[f"{prefix}eef_rot"])
+            appenders[layout.gripper_width(i)].append(cached[f"{prefix}width"])
+            appenders[layout.pose_timestamp(i)].append(seconds(cached[f"{prefix}pose_ns"]))
+            appenders[layout.pose_pos(i)].append(cached[f"{prefix}pose_position"])
+            appenders[layout.pose_rot(i)].append(cached[f"{prefix}pose_rot"])
+            appenders[layout.width_timestamp(i)].append(seconds(cached[f"{prefix}width_ns"]))
+            appenders[layout.width(i)].append(cached[f"{prefix}width_values"][:, None])
+            for key, count in (
+                (layout.pose_episode_ends(i), len(cached[f"{prefix}pose_ns"])),
+                (layout.width_episode_ends(i), len(cached[f"{prefix}width_ns"])),
+            ):
+                ends[key].append(ends[key][-1] + count)
+        ends[layout.EPISODE_ENDS].append(ends[layout.EPISODE_ENDS][-1] + len(ns))
+    for writer in frames.values():
+        writer.close()
     for appender in appenders.values():
         appender.close()
-    for key, episode_ends in (
-        (layout.EPISODE_ENDS, ends),
-        (layout.POSE_EPISODE_ENDS, pose_ends),
-        (layout.WIDTH_EPISODE_ENDS, width_ends),
-    ):
+    for key, episode_ends in ends.items():
         root.create_array(
             key, data=np.asarray(episode_ends[1:], dtype=np.int64), chunks=(max(len(episodes), 1),)
         )
@@ -142,8 +166,15 @@ def write_store(
             layout.ATTRS_IMAGE_SIZE: [w, h],
             layout.ATTRS_PARAMS: conversion_params(config),
             layout.ATTRS_EPISODES: [{k: v for k, v in ep.items() if k != "key"} for ep in episodes],
+            layout.ATTRS_GRIPPERS: list(config.grippers),
+            layout.ATTRS_CAMERAS: list(config.cameras),
         }
     )
+
+
+def _samples_key(i: int, kind: str) -> str:
+    """The cache record's count of gripper i's pose or width samples."""
+    return f"{kind}_samples" if i == 0 else f"robot{i}_{kind}_samples"
 
 
 def replace_dir(tmp: Path, out_path: Path) -> None:

@@ -198,7 +198,16 @@ class EpisodeStreams:
             raise ValueError(
                 f"dataset {root.store} has format version {version}, "
                 f"this code reads version {layout.FORMAT_VERSION} "
-                "(it needs the recorded pose and width streams): rebuild it with `dvc repro convert`"
+                "(version 3 names the streams by gripper): rebuild it with `dvc repro convert`"
+            )
+        grippers, cameras = root.attrs.get(layout.ATTRS_GRIPPERS), root.attrs.get(layout.ATTRS_CAMERAS)
+        if grippers != [0] or cameras != [0]:
+            # Converting several is built (recording-format.md, "Version 2"); the windows, statistics
+            # and policy over them are not yet, and using gripper 0 alone would hide the others.
+            raise ValueError(
+                f"dataset {root.store} keeps grippers {grippers} and cameras {cameras}: training and "
+                "evaluation read one gripper and one camera so far; convert it with convert.grippers: [0] "
+                "and convert.cameras: [0]"
             )
         return cls(
             frequency_hz=float(root.attrs[layout.ATTRS_FREQUENCY]),

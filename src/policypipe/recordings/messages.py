@@ -57,6 +57,23 @@ class Topics:
             raise ValueError(f"camera={list(camera)}: a topic is listed twice")
         object.__setattr__(self, "camera", camera)
 
+    # Version 2 (recording-format.md, section 3): gripper i's streams and camera k under fixed
+    # names; the topics above are gripper 0's and camera 0's, and a file uses one naming or the other.
+
+    def camera_candidates(self, k: int) -> tuple[str, ...]:
+        """Camera k's topics, in order of preference."""
+        return self.camera if k == 0 else (f"/camera{k}/image", f"/camera{k}/video")
+
+    def pose_candidates(self, i: int) -> tuple[str, ...]:
+        """Gripper i's pose topics, in order of preference."""
+        v2 = f"/robot{i}/vio/pose"
+        return tuple(dict.fromkeys((self.pose, v2))) if i == 0 else (v2,)
+
+    def width_candidates(self, i: int) -> tuple[str, ...]:
+        """Gripper i's width topics, in order of preference."""
+        v2 = f"/robot{i}/gripper/width"
+        return tuple(dict.fromkeys((self.width, v2))) if i == 0 else (v2,)
+
 
 class BadMessage(Exception):
     """One message that cannot be read; reading goes on without it."""

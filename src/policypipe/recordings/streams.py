@@ -1,4 +1,5 @@
-"""Reading the streams of a `_vio.mcap` that a dataset needs: camera, pose, gripper width.
+"""Reading the streams of a `_vio.mcap` that a dataset needs: cameras, and each gripper's pose and
+width (version 1 names or version 2's, recording-format.md).
 
 Messages are read in file order, one of two ways:
 
@@ -54,30 +55,114 @@ from policypipe.recordings.messages import (
 
 log = logging.getLogger(__name__)
 
-STREAM_NAMES = ("camera", "pose", "width")  # the keys of `Streams.lost`
+
+def stream_name(kind: str, index: int) -> str:
+    """How reports name a stream: "camera", "pose" and "width" for camera 0 and gripper 0 (a version
+    1 recording's only ones), "camera{k}", "robot{i}_pose" and "robot{i}_width" for the others."""
+    if index == 0:
+        return kind
+    return f"camera{index}" if kind == "camera" else f"robot{index}_{kind}"
 
 
 @dataclass
-class Streams:
-    camera_ns: np.ndarray  # int64 (M,), capture time of each camera message, file order
-    camera_data: list[bytes]  # (M,) compressed frames
-    camera_format: str  # "jpeg" | "png" | "h264"
+class CameraStream:
+    topic: str  # which of the camera's candidate topics was used
+    ns: np.ndarray  # int64 (M,), capture time of each message, file order
+    data: list[bytes]  # (M,) compressed frames
+    format: str  # "jpeg" | "png" | "h264"
+
+
+@dataclass
+class GripperStreams:
+    pose_topic: str
+    width_topic: str
     pose_ns: np.ndarray  # int64 (P,)
     position: np.ndarray  # float64 (P, 3), metres
     quaternion: np.ndarray  # float64 (P, 4), x y z w as written (not yet validated)
     width_ns: np.ndarray  # int64 (W,)
     width: np.ndarray  # float64 (W,), metres
+
+
+@dataclass
+class Streams:
+    """The streams of the grippers and cameras asked for. Every gripper's pose and width, and
+    camera 0 (the dataset's clock), are required; another camera may be absent (`missing_cameras`)."""
+
+    cameras: dict[int, CameraStream]
+    grippers: dict[int, GripperStreams]
     truncated: str | None  # why reading stopped early, or None
-    camera_topic: str = ""  # which of `Topics.camera` was used
-    lost: dict[str, int] = field(
-        default_factory=dict
-    )  # "camera"/"pose"/"width" -> messages lost, nonzero only
+    # `stream_name` -> messages lost, nonzero only
+    lost: dict[str, int] = field(default_factory=dict)
     damage: list[str] = field(default_factory=list)  # one line per damaged chunk or kind of skipped message
-    warnings: list[str] = field(default_factory=list)  # e.g. two camera candidates with messages
+    warnings: list[str] = field(default_factory=list)  # e.g. two candidate topics with messages
+    missing_cameras: tuple[int, ...] = ()  # asked for, and without a single message in the file
+
+    @classmethod
+    def of_one_gripper(
+        cls,
+        camera_ns: np.ndarray,
+        camera_data: list[bytes],
+        camera_format: str,
+        pose_ns: np.ndarray,
+        position: np.ndarray,
+        quaternion: np.ndarray,
+        width_ns: np.ndarray,
+        width: np.ndarray,
+        truncated: str | None,
+        camera_topic: str = "",
+        **rest,
+    ) -> Streams:
+        """The streams of a version 1 recording (one gripper, one camera), given as arrays."""
+        return cls(
+            cameras={0: CameraStream(camera_topic, camera_ns, camera_data, camera_format)},
+            grippers={0: GripperStreams("", "", pose_ns, position, quaternion, width_ns, width)},
+            truncated=truncated,
+            **rest,
+        )
+
+    # Camera 0 and gripper 0: all of a version 1 recording.
+    @property
+    def camera_ns(self) -> np.ndarray:
+        return self.cameras[0].ns
+
+    @property
+    def camera_data(self) -> list[bytes]:
+        return self.cameras[0].data
+
+    @property
+    def camera_format(self) -> str:
+        return self.cameras[0].format
+
+    @property
+    def camera_topic(self) -> str:
+        return self.cameras[0].topic
+
+    @property
+    def pose_ns(self) -> np.ndarray:
+        return self.grippers[0].pose_ns
+
+    @property
+    def position(self) -> np.ndarray:
+        return self.grippers[0].position
+
+    @property
+    def quaternion(self) -> np.ndarray:
+        return self.grippers[0].quaternion
+
+    @property
+    def width_ns(self) -> np.ndarray:
+        return self.grippers[0].width_ns
+
+    @property
+    def width(self) -> np.ndarray:
+        return self.grippers[0].width
 
 
-def read_streams(path: Path, topics: Topics) -> Streams:
-    reading = _Reading(topics)
+def read_streams(
+    path: Path, topics: Topics, grippers: tuple[int, ...] = (0,), cameras: tuple[int, ...] = (0,)
+) -> Streams:
+    """The streams of `grippers` and `cameras` (camera 0 among them) in the `_vio.mcap` at `path`."""
+    reading = _Reading(topics, grippers, cameras)
     with open(path, "rb") as f:
         summary = chunk_summary(f, path)
         f.seek(0)
@@ -112,6 +197,15 @@ class _Camera:
 
 
 @dataclass
+class _Samples:
+    """What one pose or width candidate topic holds."""
+
+    ns: list[int] = field(default_factory=list)
+    values: list = field(default_factory=list)
+    messages: int = 0
+
+
+@dataclass
 class _Skipped:
     count: int
     first: str
@@ -120,16 +214,29 @@ class _Skipped:
 class _Reading:
     """Collects messages in file order into streams, and everything lost on the way."""
 
-    def __init__(self, topics: Topics) -> None:
+    def __init__(self, topics: Topics, grippers: tuple[int, ...], cameras: tuple[int, ...]) -> None:
+        if 0 not in cameras:
+            raise ValueError(f"cameras={list(cameras)}: camera 0 is the dataset's clock and must be read")
         self.topics = topics
-        self.cameras: dict[str, _Camera] = {t: _Camera() for t in topics.camera}
-        self.pose_ns: list[int] = []
-        self.pose: list[tuple[float, ...]] = []
-        self.width_ns: list[int] = []
-        self.width: list[float] = []
+        # (kind, number) -> its candidate topics, in order of preference
+        self.candidates: dict[tuple[str, int], tuple[str, ...]] = {
+            **{("camera", k): topics.camera_candidates(k) for k in cameras},
+            **{("pose", i): topics.pose_candidates(i) for i in grippers},
+            **{("width", i): topics.width_candidates(i) for i in grippers},
+        }
+        self.cameras: dict[str, _Camera] = {
+            t: _Camera() for (kind, _), ts in self.candidates.items() if kind == "camera" for t in ts
+        }
+        self.samples: dict[str, _Samples] = {
+            t: _Samples() for (kind, _), ts in self.candidates.items() if kind != "camera" for t in ts
+        }
+        self.kind_of: dict[str, str] = {}  # topic -> what it feeds; a topic listed twice feeds the first
+        for (kind, _), ts in self.candidates.items():
+            for t in ts:
+                self.kind_of.setdefault(t, kind)
         self.seen: dict[str, str] = {}  # topic -> schema name, for messages about missing topics
         self.stopped: str | None = None  # why reading stopped early
-        # Lost messages by topic (the camera topic is chosen at the end): skipped one by one...
+        # Lost messages by topic (the candidate topic is chosen at the end): skipped one by one...
         self.skipped: dict[tuple[str, str], _Skipped] = {}  # (topic, what was wrong) -> count, first example
         # ... or with their chunk (damaged chunks), or with their channel's record.
         self.losses = ChunkLosses()
@@ -137,11 +244,14 @@ class _Reading:
     def add(self, schema_name: str, channel: Channel, message: Message) -> None:
         topic = channel.topic
         self.seen.setdefault(topic, schema_name)
-        if topic in self.cameras:
+        kind = self.kind_of.get(topic)
+        if kind == "camera":
             self._add_camera(self.cameras[topic], schema_name, topic, message.data)
-        elif topic == self.topics.pose:
+        elif kind == "pose":
+            self.samples[topic].messages += 1
             self._add_pose(schema_name, topic, message.data)
-        elif topic == self.topics.width:
+        elif kind == "width":
+            self.samples[topic].messages += 1
             if channel.message_encoding != "json":
                 raise wrong_schema(topic, f"{schema_name} ({channel.message_encoding})", "a JSON channel")
             try:
@@ -149,8 +259,8 @@ class _Reading:
             except BadMessage as exc:
                 self._skip(topic, exc.kind, exc.detail)
                 return
-            self.width_ns.append(stamp)
-            self.width.append(value)
+            self.samples[topic].ns.append(stamp)
+            self.samples[topic].values.append(value)
 
     def _add_camera(self, camera: _Camera, schema_name: str, topic: str, data: bytes) -> None:
         camera.messages += 1
@@ -176,8 +286,8 @@ class _Reading:
             self._skip(topic, exc.kind, exc.detail)
             return
         if sample is not None:
-            self.pose_ns.append(sample[0])
-            self.pose.append(sample[1])
+            self.samples[topic].ns.append(sample[0])
+            self.samples[topic].values.append(sample[1])
 
     def _skip(self, topic: str, kind: str, detail: str) -> None:
         skipped = self.skipped.setdefault((topic, kind), _Skipped(0, detail))
@@ -193,79 +303,117 @@ class _Reading:
         lost.update(self.losses.unattributed)
         return lost
 
+    def _messages(self, topic: str) -> int:
+        holder = self.cameras.get(topic) or self.samples[topic]
+        return holder.messages
+
     def finish(self, path: Path) -> Streams:
-        topics = self.topics
         lost_by_topic = self._lost_by_topic()
-        camera_topic, warnings = self._choose_camera(lost_by_topic)
-        camera = self.cameras[camera_topic]
-        stream_topic = {"camera": camera_topic, "pose": topics.pose, "width": topics.width}
+        chosen: dict[tuple[str, int], str] = {}
+        warnings: list[str] = []
+        for (kind, index), candidates in self.candidates.items():
+            chosen[(kind, index)], warning = self._choose(stream_name(kind, index), candidates, lost_by_topic)
+            warnings.extend(warning)
+        missing_cameras = tuple(
+            k
+            for (kind, k), topic in chosen.items()
+            if kind == "camera" and k != 0 and not self._present(topic, lost_by_topic)
+        )
+        stream_topic = {
+            stream_name(kind, index): topic
+            for (kind, index), topic in chosen.items()
+            if not (kind == "camera" and index in missing_cameras)
+        }
         lost = {name: lost_by_topic[t] for name, t in stream_topic.items() if lost_by_topic[t]}
         damage = self._damage_lines(stream_topic)
         truncated = None
         if self.stopped is not None:
-            truncated = f"reading stopped after {len(camera.ns)} camera frames: {self.stopped}"
+            frames = len(self.cameras[chosen[("camera", 0)]].ns)
+            truncated = f"reading stopped after {frames} camera frames: {self.stopped}"
             log.warning("%s: %s", path.name, truncated)
         for line in [*damage, *warnings]:
             log.warning("%s: %s", path.name, line)
 
-        if camera.messages and camera.wrong_schema is not None:
-            raise wrong_schema(camera_topic, camera.wrong_schema, f"{IMAGE_SCHEMA} or {VIDEO_SCHEMA}")
-        width_bad = sum(s.count for (t, _), s in self.skipped.items() if t == topics.width)
-        if not self.width_ns and width_bad:
-            first = next(s.first for (t, _), s in self.skipped.items() if t == topics.width)
-            raise RecordingError(
-                "bad_width_message",
-                f"all {width_bad} messages on {topics.width} are unreadable or lack "
-                f"{topics.width_stamp_field!r}/{topics.width_value_field!r}; first: {first}",
-            )
-        camera_name = (
-            camera_topic if camera.messages or lost_by_topic[camera_topic] else " or ".join(topics.camera)
-        )
-        for name, topic, what in (
-            ("camera", camera_name, camera.ns),
-            ("pose", topics.pose, self.pose_ns),
-            ("width", topics.width, self.width_ns),
-        ):
-            if not what:
-                present = (
-                    ", ".join(f"{t} ({s or 'no schema'})" for t, s in sorted(self.seen.items())) or "none"
-                )
-                detail = " before the file was cut" if truncated else ""
-                if lost.get(name):
-                    detail += f" ({lost[name]} lost: {'; '.join(damage)})"
-                elif damage:  # the damage may have cost them, uncounted
-                    detail += f" (the file is damaged: {'; '.join(damage)})"
+        for (kind, _), topic in chosen.items():
+            camera = self.cameras.get(topic)
+            if kind == "camera" and camera.messages and camera.wrong_schema is not None:
+                raise wrong_schema(topic, camera.wrong_schema, f"{IMAGE_SCHEMA} or {VIDEO_SCHEMA}")
+        for (kind, _), topic in chosen.items():
+            bad = sum(s.count for (t, _), s in self.skipped.items() if t == topic)
+            if kind == "width" and not self.samples[topic].ns and bad:
+                first = next(s.first for (t, _), s in self.skipped.items() if t == topic)
                 raise RecordingError(
-                    "missing_topic", f"no messages on {topic}{detail}; topics present: {present}"
+                    "bad_width_message",
+                    f"all {bad} messages on {topic} are unreadable or lack "
+                    f"{self.topics.width_stamp_field!r}/{self.topics.width_value_field!r}; first: {first}",
                 )
+        for (kind, index), topic in chosen.items():
+            holder = self.cameras[topic] if kind == "camera" else self.samples[topic]
+            if holder.ns or (kind == "camera" and index in missing_cameras):
+                continue
+            name = stream_name(kind, index)
+            candidates = self.candidates[(kind, index)]
+            shown = topic if self._present(topic, lost_by_topic) else " or ".join(candidates)
+            present = ", ".join(f"{t} ({s or 'no schema'})" for t, s in sorted(self.seen.items())) or "none"
+            detail = " before the file was cut" if truncated else ""
+            if lost.get(name):
+                detail += f" ({lost[name]} lost: {'; '.join(damage)})"
+            elif damage:  # the damage may have cost them, uncounted
+                detail += f" (the file is damaged: {'; '.join(damage)})"
+            raise RecordingError(
+                "missing_topic", f"no messages on {shown}{detail}; topics present: {present}"
+            )
 
-        pose_arr = np.asarray(self.pose, dtype=np.float64).reshape(-1, 7)
+        cameras = {}
+        for (kind, k), topic in chosen.items():
+            if kind == "camera" and k not in missing_cameras:
+                camera = self.cameras[topic]
+                cameras[k] = CameraStream(
+                    topic=topic,
+                    ns=np.asarray(camera.ns, dtype=np.int64),
+                    data=camera.data,
+                    format=single_format(camera.formats, topic),
+                )
+        grippers = {}
+        for (kind, i), pose_topic in chosen.items():
+            if kind != "pose":
+                continue
+            pose, width = self.samples[pose_topic], self.samples[chosen[("width", i)]]
+            pose_arr = np.asarray(pose.values, dtype=np.float64).reshape(-1, 7)
+            grippers[i] = GripperStreams(
+                pose_topic=pose_topic,
+                width_topic=chosen[("width", i)],
+                pose_ns=np.asarray(pose.ns, dtype=np.int64),
+                position=pose_arr[:, :3],
+                quaternion=pose_arr[:, 3:],
+                width_ns=np.asarray(width.ns, dtype=np.int64),
+                width=np.asarray(width.values, dtype=np.float64),
+            )
         return Streams(
-            camera_ns=np.asarray(camera.ns, dtype=np.int64),
-            camera_data=camera.data,
-            camera_format=single_format(camera.formats, camera_topic),
-            pose_ns=np.asarray(self.pose_ns, dtype=np.int64),
-            position=pose_arr[:, :3],
-            quaternion=pose_arr[:, 3:],
-            width_ns=np.asarray(self.width_ns, dtype=np.int64),
-            width=np.asarray(self.width, dtype=np.float64),
+            cameras=dict(sorted(cameras.items())),
+            grippers=dict(sorted(grippers.items())),
             truncated=truncated,
-            camera_topic=camera_topic,
             lost=lost,
             damage=damage,
             warnings=warnings,
+            missing_cameras=missing_cameras,
         )
 
-    def _choose_camera(self, lost_by_topic: Counter[str]) -> tuple[str, list[str]]:
+    def _present(self, topic: str, lost_by_topic: Counter[str]) -> bool:
+        return bool(self._messages(topic) or lost_by_topic[topic])
+
+    def _choose(
+        self, name: str, candidates: tuple[str, ...], lost_by_topic: Counter[str]
+    ) -> tuple[str, list[str]]:
         """The first candidate with messages in the file (read or lost), else the first one."""
-        present = [t for t in self.topics.camera if self.cameras[t].messages or lost_by_topic[t]]
+        present = [t for t in candidates if self._present(t, lost_by_topic)]
         if not present:
-            return self.topics.camera[0], []
+            return candidates[0], []
         warnings = []
         if len(present) > 1:
-            others = ", ".join(f"{t} ({self.cameras[t].messages} messages)" for t in present[1:])
+            others = ", ".join(f"{t} ({self._messages(t)} messages)" for t in present[1:])
             warnings.append(
-                f"camera: more than one candidate topic has messages; used {present[0]}, ignored {others}"
+                f"{name}: more than one candidate topic has messages; used {present[0]}, ignored {others}"
             )
         return present[0], warnings
 

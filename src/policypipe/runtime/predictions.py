@@ -325,7 +325,7 @@ class RobotFeed:
         if self.streams.camera_format == "h264":
             # Decoded whole, at the policy's size (module docstring): the runner's resize of a
             # frame already at that size is the identity, so the frames are the ones it would make.
-            video = decode_frames(self.streams, self.runner.spec.image_size)
+            video = decode_frames(self.streams.cameras[0], self.runner.spec.image_size)
         history: deque[tuple[int, np.ndarray]] = deque()
         oldest_offset = int(self.runner.observation_offsets_ns[0])
         for t, index in zip(self.camera_ns[self.start :], self.order[self.start :]):

@@ -27,10 +27,19 @@ from policypipe.processes import process_pool
 from policypipe.synthetic.motion import plan_motion
 from policypipe.synthetic.recording import (
     STUDIO_VERSION,
+    SimulatedRecording,
+    StreamTiming,
     random_timing,
     simulate_recording,
     write_simulated_raw,
     write_simulated_vio,
+)
+from policypipe.synthetic.rig import (
+    SCENE_CAMERA_HZ,
+    SCENE_CAMERA_JITTER_S,
+    RigRecording,
+    plan_rig,
+    simulate_rig_recording,
 )
 
 log = logging.getLogger(__name__)
@@ -78,8 +87,24 @@ class SampleConfig:
     # path and corrects back (`motion.plan_motion`; docs/rollout.md, "Recovery demonstrations").
     # Which ones is drawn per recording from the seed; 0 writes exactly the plain export.
     recovery: float = 0.0
+    # A rig (recording format 2, `rig`): this many grippers side by side, each with its wrist camera,
+    # and with `scene_camera` a fixed camera over the table. The second recording of a rig export
+    # lacks the scene camera (a camera unplugged for one take). 1 and False: the demo's format 1.
+    grippers: int = 1
+    scene_camera: bool = False
+
+    @property
+    def rig(self) -> bool:
+        return self.grippers > 1 or self.scene_camera
 
     def __post_init__(self) -> None:
+        if not isinstance(self.grippers, int) or not 1 <= self.grippers <= 4:
+            raise ValueError(f"grippers={self.grippers!r}: use 1 to 4 grippers")
+        if self.rig and (self.camera != "image" or self.recovery):
+            raise ValueError(
+                "a rig export (grippers > 1 or scene_camera) writes JPEG images and plain demonstrations: "
+                "leave camera at 'image' and recovery at 0"
+            )
         if not isinstance(self.recovery, (int, float)) or not 0.0 <= self.recovery <= 1.0:
             raise ValueError(f"recovery={self.recovery!r}: use a fraction of the recordings from 0 to 1")
         if not isinstance(self.recordings, int) or not 1 <= self.recordings <= 10_000:
@@ -195,16 +220,19 @@ def _run_job(tmp_root: str, job: _Job) -> _JobResult:
         + job.index * RECORDING_SPACING_S * 1_000_000_000
         + int(plan_rng.integers(0, 60_000)) * 1_000_000
     )
-    strays = cfg.recovery > 0.0 and recovery_rng.random() < cfg.recovery
-    plan = plan_motion(plan_rng, start_ns, recovery_rng=recovery_rng if strays else None)
-    timing = random_timing(np.random.default_rng(timing_seq))
-    rec = simulate_recording(
-        plan,
-        timing,
-        np.random.default_rng(sim_seq),
-        camera=cfg.camera,
-        image_size=(cfg.image_width, cfg.image_height),
-    )
+    image_size = (cfg.image_width, cfg.image_height)
+    rec: SimulatedRecording | RigRecording
+    if cfg.rig:
+        rec = _simulate_rig(cfg, job.index, start_ns, plan_rng, np.random.default_rng(timing_seq), sim_seq)
+        duration_s = (rec.rig.end_ns - rec.rig.start_ns) / 1e9
+    else:
+        strays = cfg.recovery > 0.0 and recovery_rng.random() < cfg.recovery
+        plan = plan_motion(plan_rng, start_ns, recovery_rng=recovery_rng if strays else None)
+        timing = random_timing(np.random.default_rng(timing_seq))
+        rec = simulate_recording(
+            plan, timing, np.random.default_rng(sim_seq), camera=cfg.camera, image_size=image_size
+        )
+        duration_s = plan.duration_s
     status_rng = np.random.default_rng(status_seq)
 
     folder = Path(tmp_root) / job.folder
@@ -212,11 +240,11 @@ def _run_job(tmp_root: str, job: _Job) -> _JobResult:
     raw, vio, status_path = (folder / f"{job.stem}{suffix}" for suffix in (".mcap", "_vio.mcap", "_vio.json"))
     write_simulated_raw(raw, rec)
     write_simulated_vio(vio, rec, **(_format_variation(job.index) if job.defect is None else {}))
-    status = _status_json(job.stem, cfg.task, rec.truth.frames, int(rec.truth.camera_ns[-1]), status_rng)
+    status = _status_json(job.stem, cfg.task, rec.truth.frames, rec.truth.last_frame_ns, status_rng)
 
     defect = job.defect
     if defect == "status_failed":
-        lost_s = float(status_rng.uniform(0.3, 0.8)) * plan.duration_s
+        lost_s = float(status_rng.uniform(0.3, 0.8)) * duration_s
         status.update(status="failed", error=f"VIO lost tracking at {lost_s:.1f} s")
     elif defect == "empty_vio":
         vio.write_bytes(b"")
@@ -241,6 +269,42 @@ def _run_job(tmp_root: str, job: _Job) -> _JobResult:
     rel = tuple(sorted(p.relative_to(tmp_root).as_posix() for p in files))
     log.debug("wrote %s (%s): %d frames", job.stem, defect or "good", rec.truth.frames)
     return _JobResult(index=job.index, files=rel, frames=rec.truth.frames)
+
+
+# The rig export's recording without its scene camera.
+RIG_RECORDING_WITHOUT_SCENE_CAMERA = 1
+
+
+def _simulate_rig(
+    cfg: SampleConfig,
+    index: int,
+    start_ns: int,
+    plan_rng: np.random.Generator,
+    timing_rng: np.random.Generator,
+    sim_seq: np.random.SeedSequence,
+) -> RigRecording:
+    rig = plan_rig(plan_rng, start_ns, cfg.grippers)
+    timings = tuple(random_timing(timing_rng) for _ in range(cfg.grippers))
+    scene_timing = None
+    if cfg.scene_camera:
+        scene_timing = StreamTiming(
+            camera_hz=SCENE_CAMERA_HZ,
+            camera_jitter_s=SCENE_CAMERA_JITTER_S,
+            camera_drop_fraction=float(timing_rng.uniform(0.02, 0.05)),
+            camera_start_s=float(timing_rng.uniform(0.0, 0.3)),
+            camera_stop_s=float(timing_rng.uniform(0.0, 0.3)),
+        )
+    absent = frozenset(
+        {cfg.grippers} if cfg.scene_camera and index == RIG_RECORDING_WITHOUT_SCENE_CAMERA else ()
+    )
+    return simulate_rig_recording(
+        rig,
+        timings,
+        scene_timing,
+        np.random.default_rng(sim_seq),
+        image_size=(cfg.image_width, cfg.image_height),
+        absent_cameras=absent,
+    )
 
 
 def _plan_jobs(config: SampleConfig) -> tuple[list[_Job], dict[str, int]]:

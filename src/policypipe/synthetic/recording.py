@@ -10,9 +10,10 @@ function of the arguments: no wall clock, fixed encoder threads.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 from foxglove_schemas_protobuf.CompressedImage_pb2 import CompressedImage
@@ -155,6 +156,10 @@ class RecordingTruth:
     def frames(self) -> int:
         return len(self.camera_ns)
 
+    @property
+    def last_frame_ns(self) -> int:
+        return int(self.camera_ns[-1])
+
 
 @dataclass(frozen=True)
 class _Channel:
@@ -237,6 +242,14 @@ _CHANNELS: dict[str, _Channel] = {
 }
 
 
+def _channel(key: str) -> _Channel:
+    """A message's channel: one of `_CHANNELS`, or a version 2 topic (`/robot{i}/vio/pose`,
+    `/robot{i}/gripper/width`, `/camera{k}/image`), which has the schema its last part names."""
+    if key in _CHANNELS:
+        return _CHANNELS[key]
+    return replace(_CHANNELS[key.rsplit("/", 1)[-1]], topic=key)
+
+
 @dataclass(frozen=True, eq=False)
 class SimulatedRecording:
     """One recording, sampled and encoded, ready to be written as raw and as VIO MCAP."""
@@ -258,6 +271,17 @@ def sample_clock(
     t = start_ns + np.round(np.arange(n) * period_ns + jitter).astype(np.int64)
     # Jitter never moves a sample out of the stream's span (nor past a neighbour: < period/6).
     return np.clip(t, start_ns, stop_ns)
+
+
+def camera_clock(
+    rng: np.random.Generator, span: tuple[int, int], hz: float, jitter_s: float, drop_fraction: float
+) -> tuple[np.ndarray, int]:
+    """The capture times of the frames a camera wrote over `span` (ns), and how many of its
+    nominal clock's frames it dropped; the first and last exposure define the span: never dropped."""
+    nominal = sample_clock(rng, *span, hz, jitter_s)
+    kept = rng.random(len(nominal)) >= drop_fraction
+    kept[[0, -1]] = True
+    return nominal[kept], int((~kept).sum())
 
 
 def _log_times(rng: np.random.Generator, capture_ns: np.ndarray, timing: StreamTiming) -> np.ndarray:
@@ -351,10 +375,12 @@ class _H264Encoder:
             raise RuntimeError("H.264 encoder held back frames; expected none with zerolatency settings")
 
 
-def _camera_message(camera: str, t_ns: int, payload: bytes, image_format: str) -> bytes:
+def _camera_message(
+    camera: str, t_ns: int, payload: bytes, image_format: str, frame_id: str = CAMERA_FRAME_ID
+) -> bytes:
     msg = CompressedImage() if camera == "image" else CompressedVideo()
     msg.timestamp.FromNanoseconds(int(t_ns))
-    msg.frame_id = CAMERA_FRAME_ID
+    msg.frame_id = frame_id
     msg.data = payload
     msg.format = image_format if camera == "image" else "h264"
     return msg.SerializeToString(deterministic=True)
@@ -426,12 +452,13 @@ def simulate_recording(
     def span(start_s: float, stop_s: float) -> tuple[int, int]:
         return plan.start_ns + int(round(start_s * 1e9)), plan.end_ns - int(round(stop_s * 1e9))
 
-    nominal = sample_clock(
-        rng, *span(timing.camera_start_s, timing.camera_stop_s), timing.camera_hz, timing.camera_jitter_s
+    camera_ns, dropped = camera_clock(
+        rng,
+        span(timing.camera_start_s, timing.camera_stop_s),
+        timing.camera_hz,
+        timing.camera_jitter_s,
+        timing.camera_drop_fraction,
     )
-    kept = rng.random(len(nominal)) >= timing.camera_drop_fraction
-    kept[[0, -1]] = True  # the first and last exposure define the span: keep them
-    camera_ns = nominal[kept]
     pose_ns = sample_clock(
         rng, *span(timing.pose_start_s, timing.pose_stop_s), timing.pose_hz, timing.pose_jitter_s
     )
@@ -504,7 +531,7 @@ def simulate_recording(
     truth = RecordingTruth(
         camera=camera,
         camera_ns=camera_ns,
-        dropped_frames=int(len(nominal) - len(camera_ns)),
+        dropped_frames=dropped,
         pose_ns=pose_ns,
         width_ns=width_ns,
     )
@@ -517,6 +544,19 @@ def simulate_recording(
     )
 
 
+class Encoded(Protocol):
+    """A recording ready to write: a `SimulatedRecording`, or a `rig.RigRecording`."""
+
+    @property
+    def truth(self) -> Any: ...
+
+    @property
+    def vio_messages(self) -> tuple[_Message, ...]: ...
+
+    @property
+    def raw_messages(self) -> tuple[_Message, ...]: ...
+
+
 _COMPRESSION = {"zstd": CompressionType.ZSTD, "lz4": CompressionType.LZ4, "none": CompressionType.NONE}
 
 
@@ -527,7 +567,8 @@ def _write_mcap(
     any message, so ids never depend on which message comes first."""
     if compression not in _COMPRESSION:
         raise ValueError(f"compression={compression!r}: use one of {sorted(_COMPRESSION)}")
-    keys = [k for k in _CHANNELS if any(m.channel == k for m in messages)]
+    used = {m.channel for m in messages}
+    keys = [k for k in _CHANNELS if k in used] + sorted(used - set(_CHANNELS))
     with open(path, "wb") as f:
         writer = Writer(
             f,
@@ -545,7 +586,7 @@ def _write_mcap(
         writer.start(profile="", library=MCAP_LIBRARY)
         channel_ids = {}
         for key in keys:
-            ch = _CHANNELS[key]
+            ch = _channel(key)
             schema_id = writer.register_schema(ch.schema_name, ch.schema_encoding, ch.schema_data)
             channel_ids[key] = writer.register_channel(ch.topic, ch.message_encoding, schema_id)
         sequence = dict.fromkeys(keys, 0)
@@ -563,7 +604,7 @@ def _write_mcap(
 
 def write_simulated_vio(
     path: Path,
-    recording: SimulatedRecording,
+    recording: Encoded,
     *,
     compression: str = "zstd",
     chunked: bool = True,
@@ -574,7 +615,7 @@ def write_simulated_vio(
     return recording.truth
 
 
-def write_simulated_raw(path: Path, recording: SimulatedRecording, *, compression: str = "zstd") -> None:
+def write_simulated_raw(path: Path, recording: Encoded, *, compression: str = "zstd") -> None:
     """Writes `S.mcap`: the camera as recorded on the device (H.264 on /camera0/video) and
     /imu (JSON, ~200 Hz)."""
     _write_mcap(Path(path), recording.raw_messages, compression=compression, chunked=True, summary=True)

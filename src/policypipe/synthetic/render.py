@@ -21,6 +21,7 @@ from policypipe.synthetic.scene import (
     FINGER_TIP_Z_M,
     FLOOR_BGR,
     FOCAL_PER_WIDTH,
+    GRIPPER_BODY_BGR,
     PLACE_MARK_BGR,
     R_TOOL_CAM,
     TABLE_SIZE_M,
@@ -30,6 +31,7 @@ from policypipe.synthetic.scene import (
     TIMECODE_BITS,
     TIMECODE_CELLS,
     TIMECODE_STRIP_FRACTION,
+    WIDTH_OPEN_M,
     Scene,
 )
 
@@ -56,10 +58,10 @@ def project(points_world: np.ndarray, r_world_cam: np.ndarray, centre: np.ndarra
     return uv, depth
 
 
-def table_texture(scene: Scene) -> np.ndarray:
+def table_texture(scene: Scene, marks: tuple[tuple[np.ndarray, float], ...] | None = None) -> np.ndarray:
     """(T, T, 3) uint8 BGR top view of the table, TEXTURE_M_PER_PX per pixel: a base colour
     with slow blotches, tape lines every 10 cm, scattered marks (so motion is visible
-    everywhere) and the blue place marker."""
+    everywhere) and the blue place markers: `marks` as (centre, yaw), by default the scene's one."""
     rng = np.random.default_rng(scene.texture_seed)
     n = int(round(TABLE_SIZE_M / TEXTURE_M_PER_PX))
     blotch = cv2.resize(
@@ -83,10 +85,11 @@ def table_texture(scene: Scene) -> np.ndarray:
         else:
             end = (centre[0] + int(rng.integers(-40, 40)), centre[1] + int(rng.integers(-40, 40)))
             cv2.line(tex, centre, end, colour, int(rng.integers(2, 5)), cv2.LINE_AA)
-    # Place marker: a square outline, 9 cm.
-    corners = _rectangle(scene.place_xy, scene.place_yaw, 0.09, 0.09)
-    pix = ((corners - _texture_origin(scene)) / TEXTURE_M_PER_PX * 16).round().astype(np.int32)
-    cv2.polylines(tex, [pix], True, PLACE_MARK_BGR, 5, cv2.LINE_AA, shift=4)
+    # Place markers: square outlines, 9 cm.
+    for centre, yaw in ((scene.place_xy, scene.place_yaw),) if marks is None else marks:
+        corners = _rectangle(np.asarray(centre), yaw, 0.09, 0.09)
+        pix = ((corners - _texture_origin(scene)) / TEXTURE_M_PER_PX * 16).round().astype(np.int32)
+        cv2.polylines(tex, [pix], True, PLACE_MARK_BGR, 5, cv2.LINE_AA, shift=4)
     return tex
 
 
@@ -153,13 +156,57 @@ def render_view_bgr(
     target_yaw: float,
     width_m: float,
     image_size: tuple[int, int],
+    other_blocks: tuple[tuple[np.ndarray, float, tuple[float, float, float]], ...] = (),
 ) -> np.ndarray:
     """(H, W, 3) uint8 BGR: the wrist camera's view with the TCP at `position` (3,) and `quat_xyzw`
     (4,), the target block at `target_centre` (3,) turned by `target_yaw`, the fingers `width_m`
-    apart; `texture` is `table_texture(scene)`. What the recordings and the simulator both draw."""
+    apart; `texture` is `table_texture(scene)`. What the recordings and the simulator both draw.
+    `other_blocks` (centre, yaw, size) are further blocks on the table (another gripper's)."""
     width, height = image_size
     k = camera_matrix(width, height)
     (r_cam,), (c_cam,) = camera_in_world(np.asarray(position)[None], np.asarray(quat_xyzw)[None])
+    image = _table_view(scene, texture, r_cam, c_cam, k, image_size)
+    blocks = [(np.asarray(target_centre), target_yaw, scene.target_size), *other_blocks]
+    for centre, yaw, size in _farthest_first(blocks, c_cam):
+        _draw_target(image, _box_corners(centre, yaw, size), r_cam, c_cam, k)
+    _draw_fingers(image, width_m, k)
+    return image
+
+
+def render_fixed_view_bgr(
+    scene: Scene,
+    texture: np.ndarray,
+    r_world_cam: np.ndarray,
+    centre: np.ndarray,
+    blocks: list[tuple[np.ndarray, float, tuple[float, float, float]]],
+    grippers: list[tuple[np.ndarray, np.ndarray, float]],
+    image_size: tuple[int, int],
+) -> np.ndarray:
+    """(H, W, 3) uint8 BGR: a fixed camera's view (rotation (3, 3), columns: camera axes in the
+    world; centre (3,)) of the table, the `blocks` (centre, yaw, size) and the `grippers` (TCP
+    position, quaternion, opening), nearer things drawn over farther ones."""
+    k = camera_matrix(*image_size)
+    image = _table_view(scene, texture, r_world_cam, centre, k, image_size)
+    things = [("block", b[0], b) for b in blocks] + [("gripper", g[0], g) for g in grippers]
+    for kind, _, thing in sorted(things, key=lambda item: -float(np.linalg.norm(item[1] - centre))):
+        if kind == "block":
+            _draw_target(
+                image, _box_corners(np.asarray(thing[0]), thing[1], thing[2]), r_world_cam, centre, k
+            )
+        else:
+            _draw_gripper(image, *thing, r_world_cam, centre, k)
+    return image
+
+
+def _table_view(
+    scene: Scene,
+    texture: np.ndarray,
+    r_cam: np.ndarray,
+    c_cam: np.ndarray,
+    k: np.ndarray,
+    size: tuple[int, int],
+) -> np.ndarray:
+    """The table plane z = 0 (its texture) as the camera sees it, the floor beyond it."""
     origin = _texture_origin(scene)
     texture_to_world = np.array(
         [[TEXTURE_M_PER_PX, 0.0, origin[0]], [0.0, TEXTURE_M_PER_PX, origin[1]], [0.0, 0.0, 1.0]]
@@ -167,18 +214,21 @@ def render_view_bgr(
     r_cw = r_cam.T
     # Homography from the table plane z=0 to the image: K [r1 r2 t] (standard plane pose).
     plane_to_image = k @ np.column_stack([r_cw[:, 0], r_cw[:, 1], -r_cw @ c_cam])
-    image = cv2.warpPerspective(
+    return cv2.warpPerspective(
         texture,
         plane_to_image @ texture_to_world,
-        (width, height),
+        size,
         flags=cv2.INTER_LINEAR,
         borderMode=cv2.BORDER_CONSTANT,
         borderValue=FLOOR_BGR,
     )
-    corners = _box_corners(np.asarray(target_centre), target_yaw, scene.target_size)
-    _draw_target(image, corners, r_cam, c_cam, k)
-    _draw_fingers(image, width_m, k)
-    return image
+
+
+def _farthest_first(blocks: list, c_cam: np.ndarray) -> list:
+    """One block: as it is (the recordings' bytes); more: the nearer drawn over the farther."""
+    if len(blocks) == 1:
+        return blocks
+    return sorted(blocks, key=lambda b: -float(np.linalg.norm(np.asarray(b[0]) - c_cam)))
 
 
 def render_frame(
@@ -205,16 +255,7 @@ def _draw_fingers(image: np.ndarray, width_m: float, k: np.ndarray) -> None:
     moves."""
     for side in (-1.0, 1.0):
         inner = side * width_m / 2.0
-        outer = side * (width_m / 2.0 + FINGER_THICKNESS_M)
-        # (8, 3) corners of the plate in the tool frame: 2 cm deep along x.
-        plate = np.array(
-            [
-                [x, y, z]
-                for x in (-0.008, 0.008)
-                for y in (inner, outer)
-                for z in (FINGER_TIP_Z_M, FINGER_BASE_Z_M)
-            ]
-        )
+        plate = _finger_plate(width_m, side)
         uv, _ = project(plate, R_TOOL_CAM, CAMERA_OFFSET_TOOL, k)
         # The finger's root continues straight down out of the image, to the gripper body.
         root = uv[np.argsort(uv[:, 1])[-2:]]
@@ -228,6 +269,52 @@ def _draw_fingers(image: np.ndarray, width_m: float, k: np.ndarray) -> None:
         uv, _ = project(pad, R_TOOL_CAM, CAMERA_OFFSET_TOOL, k)
         hull = cv2.convexHull(uv.astype(np.float32)).reshape(-1, 2)
         cv2.fillConvexPoly(image, _fixed(hull), FINGER_PAD_BGR, cv2.LINE_AA, shift=4)
+
+
+def _finger_plate(width_m: float, side: float) -> np.ndarray:
+    """(8, 3) corners of one finger plate in the tool frame: 1.6 cm deep along x."""
+    inner = side * width_m / 2.0
+    outer = side * (width_m / 2.0 + FINGER_THICKNESS_M)
+    return np.array(
+        [
+            [x, y, z]
+            for x in (-0.008, 0.008)
+            for y in (inner, outer)
+            for z in (FINGER_TIP_Z_M, FINGER_BASE_Z_M)
+        ]
+    )
+
+
+def _draw_gripper(
+    image: np.ndarray,
+    position: np.ndarray,
+    quat_xyzw: np.ndarray,
+    width_m: float,
+    r_cam: np.ndarray,
+    c_cam: np.ndarray,
+    k: np.ndarray,
+) -> None:
+    """A gripper seen from a fixed camera: its body above the fingers, then both finger plates."""
+    r_world_tool = Rotation.from_quat(quat_xyzw).as_matrix()
+    half = WIDTH_OPEN_M / 2.0 + FINGER_THICKNESS_M
+    body = np.array(
+        [
+            [x, y, z]
+            for x in (-0.025, 0.025)
+            for y in (-half, half)
+            for z in (FINGER_BASE_Z_M, FINGER_BASE_Z_M - 0.05)
+        ]
+    )
+    for corners, colour in (
+        (body, GRIPPER_BODY_BGR),
+        (_finger_plate(width_m, -1.0), FINGER_BGR),
+        (_finger_plate(width_m, 1.0), FINGER_BGR),
+    ):
+        uv, depth = project(np.asarray(position) + corners @ r_world_tool.T, r_cam, c_cam, k)
+        if depth.min() < 0.02:
+            continue
+        hull = cv2.convexHull(uv.astype(np.float32)).reshape(-1, 2)
+        cv2.fillConvexPoly(image, _fixed(hull), colour, cv2.LINE_AA, shift=4)
 
 
 # --- timecode -----------------------------------------------------------------------------

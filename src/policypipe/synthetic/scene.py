@@ -57,6 +57,7 @@ TARGET_SIDE_BGR = (30, 30, 150)
 PLACE_MARK_BGR = (190, 110, 30)
 FINGER_BGR = (78, 80, 84)
 FINGER_PAD_BGR = (30, 30, 32)
+GRIPPER_BODY_BGR = (110, 112, 118)  # seen only by a fixed scene camera
 
 # --- the timecode -------------------------------------------------------------------------
 

@@ -1,0 +1,227 @@
+"""convert on recording format 2 (two grippers, a scene camera), against the rig's ground truth."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from scipy.spatial.transform import Rotation
+
+from policypipe.dataset import layout
+from policypipe.dataset.convert_config import ConvertConfig
+from policypipe.dataset.episode import nearest_sample
+from policypipe.dataset.windows import EpisodeStreams
+from policypipe.recordings.streams import read_streams
+from policypipe.synthetic.recording import StreamTiming, write_simulated_raw, write_simulated_vio
+from policypipe.synthetic.render import read_timecode, timecode_value
+from policypipe.synthetic.rig import SCENE_CAMERA_HZ, RigRecording, plan_rig, simulate_rig_recording
+from tests.conftest import write_status
+from tests.dataset.test_convert import START_NS, convert
+
+SCENE = 2  # the scene camera of a two-gripper rig
+CONFIG = ConvertConfig(
+    image_size=(64, 48),
+    min_frames=10,
+    workers=1,
+    grippers=(0, 1),
+    cameras=(0, 1, SCENE),
+    on_missing_camera="mask",
+)
+WRIST_TIMING = (
+    StreamTiming(camera_start_s=0.05, pose_start_s=0.1, width_start_s=0.02, width_stop_s=0.2, pose_hz=150.0),
+    StreamTiming(
+        camera_start_s=0.12, camera_drop_fraction=0.0, pose_hz=200.0, width_hz=40.0, pose_stop_s=0.15
+    ),
+)
+# Its own rate, its own start, and drops.
+SCENE_TIMING = StreamTiming(
+    camera_hz=SCENE_CAMERA_HZ, camera_jitter_s=0.002, camera_drop_fraction=0.04, camera_start_s=0.2
+)
+
+
+def add_rig_recording(
+    export: Path, stem: str, seed: int, absent: frozenset[int] = frozenset()
+) -> RigRecording:
+    rng = np.random.default_rng(seed)
+    rig = plan_rig(rng, START_NS + seed * 60_000_000_000, grippers=2, duration_s=3.0)
+    rec = simulate_rig_recording(
+        rig, WRIST_TIMING, SCENE_TIMING, rng, image_size=(96, 72), timecode=True, absent_cameras=absent
+    )
+    write_simulated_vio(export / f"{stem}_vio.mcap", rec)
+    write_simulated_raw(export / f"{stem}.mcap", rec)
+    write_status(export / f"{stem}_vio.json", stem, frames=rec.truth.frames)
+    return rec
+
+
+@pytest.fixture(scope="module")
+def rig_export(tmp_path_factory) -> tuple[Path, dict[str, RigRecording]]:
+    export = tmp_path_factory.mktemp("rig") / "export"
+    export.mkdir()
+    recordings = {
+        "a": add_rig_recording(export, "a", 1),
+        "b": add_rig_recording(export, "b", 2, absent=frozenset({SCENE})),  # the scene camera unplugged
+        "c": add_rig_recording(export, "c", 3),
+    }
+    return export, recordings
+
+
+@pytest.fixture(scope="module")
+def rig_dataset(rig_export, tmp_path_factory):
+    export, recordings = rig_export
+    out = tmp_path_factory.mktemp("rig_ds") / "ds.zarr"
+    result = convert(export, out, CONFIG)
+    return zarr.open_group(out, mode="r"), result, recordings
+
+
+def rows_of(root, result, stem):
+    ends = root[layout.EPISODE_ENDS][:]
+    e = [ep["stem"] for ep in result.episodes].index(stem)
+    start = 0 if e == 0 else int(ends[e - 1])
+    record = result.episodes[e]
+    t_ns = record["start_ns"] + np.round(root[layout.TIMESTAMP][start : ends[e]] * 1e9).astype(np.int64)
+    return slice(start, int(ends[e])), t_ns, record
+
+
+def test_every_gripper_pose_and_width_match_the_plan_at_each_camera0_frame(rig_dataset) -> None:
+    root, result, recordings = rig_dataset
+    assert root.attrs[layout.ATTRS_GRIPPERS] == [0, 1] and root.attrs[layout.ATTRS_CAMERAS] == [0, 1, 2]
+    for stem, rec in recordings.items():
+        rows, t_ns, _ = rows_of(root, result, stem)
+        for i, plan in enumerate(rec.rig.plans):
+            pos, quat = plan.pose_at(t_ns)
+            assert np.abs(root[layout.eef_pos(i)][rows] - pos).max() < 1e-4, (stem, i)
+            rot = Rotation.from_rotvec(root[layout.eef_rot(i)][rows])
+            assert np.degrees((rot.inv() * Rotation.from_quat(quat)).magnitude()).max() < 0.05
+            # Exact against the recorded samples (linear between them): float32 storage.
+            width_ns = rec.truth.width_ns[i]
+            recorded = np.interp(
+                (t_ns - START_NS).astype(float), (width_ns - START_NS).astype(float), plan.width_at(width_ns)
+            )
+            assert np.abs(root[layout.gripper_width(i)][rows, 0] - recorded).max() < 1e-7
+        # The two grippers really are two: their workspaces lie apart.
+        assert np.abs(root[layout.eef_pos(1)][rows][:, 1] - root[layout.eef_pos(0)][rows][:, 1]).min() > 0.1
+
+
+def test_the_rows_span_what_every_gripper_covers_and_its_samples_are_kept(rig_dataset) -> None:
+    root, result, recordings = rig_dataset
+    for stem, rec in recordings.items():
+        rows, t_ns, record = rows_of(root, result, stem)
+        lo, hi = rows_span(rec)
+        inside = rec.truth.camera_ns[0][(rec.truth.camera_ns[0] >= lo) & (rec.truth.camera_ns[0] <= hi)]
+        np.testing.assert_array_equal(t_ns, inside)
+        assert record["robot1_pose_samples"] > 0 and record["robot1_width_samples"] > 0
+
+
+def test_camera0_and_every_other_camera_show_the_frame_of_their_recorded_time(rig_dataset) -> None:
+    root, result, recordings = rig_dataset
+    for stem, rec in recordings.items():
+        rows, t_ns, _ = rows_of(root, result, stem)
+        frames = root[layout.camera_rgb(0)][rows]
+        assert [read_timecode(f) for f in frames] == [timecode_value(t) for t in t_ns]
+        for k in (1, SCENE):
+            offset = root[layout.camera_offset(k)][rows]
+            valid = root[layout.camera_valid(k)][rows]
+            if k not in rec.truth.camera_ns:
+                assert not valid.any() and not root[layout.camera_rgb(k)][rows].any()
+                continue
+            own = rec.truth.camera_ns[k]
+            expected = own[nearest_sample(own, t_ns)] - t_ns
+            assert np.array_equal(valid, np.abs(expected) <= CONFIG.max_camera_offset_ms * 1e6)
+            np.testing.assert_allclose(offset[valid], expected[valid] / 1e9, atol=1e-9)
+            assert (offset[~valid] == 0).all()
+            images = root[layout.camera_rgb(k)][rows]
+            shown = [read_timecode(f) for f in images[valid]]
+            assert shown == [timecode_value(t) for t in (t_ns + expected)[valid]], (stem, k)
+            assert not images[~valid].any()  # a masked row is black, and says so
+        # The scene camera runs slower than camera 0 and drops frames: its rows repeat frames.
+        if SCENE in rec.truth.camera_ns:
+            assert len(np.unique(root[layout.camera_offset(SCENE)][rows] + (t_ns - t_ns[0]) / 1e9)) < len(
+                t_ns
+            )
+
+
+def test_the_report_gives_each_camera_its_own_rate_gaps_and_offsets(rig_dataset) -> None:
+    root, result, recordings = rig_dataset
+    gaps = 0
+    for stem, rec in recordings.items():
+        record = next(ep for ep in result.episodes if ep["stem"] == stem)
+        cameras = record["cameras"]
+        assert set(cameras) == {"camera1", "camera2"}
+        rows, t_ns, _ = rows_of(root, result, stem)
+        if SCENE not in rec.truth.camera_ns:
+            assert cameras["camera2"]["topic"] is None
+            assert cameras["camera2"]["rows_missing"] == len(t_ns)
+            assert any("camera2 absent" in w for w in record["warnings"])
+            continue
+        scene = cameras["camera2"]
+        assert scene["topic"] == "/camera2/image"
+        assert abs(scene["frequency_hz"] - SCENE_CAMERA_HZ) < 0.2
+        # Its dropped frames within the rows' span, counted on its nominal clock.
+        own = rec.truth.camera_ns[SCENE]
+        inside = own[(own >= rows_span(rec)[0]) & (own <= rows_span(rec)[1])]
+        expected = int((np.rint(np.diff(inside) * SCENE_CAMERA_HZ / 1e9) - 1).sum())
+        assert scene["gaps"] == expected
+        gaps += expected
+        assert scene["offset_ms"]["max_abs"] <= CONFIG.max_camera_offset_ms
+        assert abs(cameras["camera1"]["frequency_hz"] - 30.0) < 0.3 and cameras["camera1"]["gaps"] == 0
+    assert gaps > 0  # the scene camera dropped frames, and the report counted them
+    scene = result.metrics()["cameras"]["camera2"]
+    assert scene["episodes_absent"] == 1 and scene["gaps"] == gaps
+    assert 0 < scene["offset_ms_max"] <= CONFIG.max_camera_offset_ms
+
+
+def rows_span(rec: RigRecording) -> tuple[int, int]:
+    """The span every gripper's pose and width cover: what a recording contributes."""
+    lo = max(max(rec.truth.pose_ns[i][0], rec.truth.width_ns[i][0]) for i in (0, 1))
+    hi = min(min(rec.truth.pose_ns[i][-1], rec.truth.width_ns[i][-1]) for i in (0, 1))
+    return lo, hi
+
+
+def test_a_missing_camera_excludes_its_recording_unless_masked(rig_export, tmp_path: Path) -> None:
+    export, _ = rig_export
+    result = convert(export, tmp_path / "ds.zarr", replace(CONFIG, on_missing_camera="exclude"))
+    assert [ep["stem"] for ep in result.episodes] == ["a", "c"]
+    (excluded,) = result.excluded
+    assert excluded["stem"] == "b" and excluded["excluded"] == "missing_camera"
+    assert "camera2 has no messages" in excluded["detail"] and "on_missing_camera: mask" in excluded["detail"]
+
+
+def test_a_dataset_may_keep_fewer_grippers_and_cameras_than_recorded(rig_export, tmp_path: Path) -> None:
+    export, recordings = rig_export
+    result = convert(export, tmp_path / "ds.zarr", replace(CONFIG, grippers=(0,), cameras=(0,)))
+    root = zarr.open_group(tmp_path / "ds.zarr", mode="r")
+    assert sorted(k for k in root["data"].keys()) == sorted(
+        k.split("/")[1] for k in (layout.RGB, *layout.LOWDIM_KEYS, layout.TIMESTAMP)
+    )
+    rows, t_ns, _ = rows_of(root, result, "a")
+    pos, _ = recordings["a"].rig.plans[0].pose_at(t_ns)
+    assert np.abs(root[layout.EEF_POS][rows] - pos).max() < 1e-4
+    # One gripper and camera 0 read the way a version 1 dataset is: training reads it.
+    EpisodeStreams.from_store(root)
+
+
+def test_training_refuses_a_dataset_of_several_grippers_rather_than_use_one(rig_dataset) -> None:
+    root, _, _ = rig_dataset
+    with pytest.raises(
+        ValueError, match=r"keeps grippers \[0, 1\] and cameras \[0, 1, 2\].*convert.grippers: \[0\]"
+    ):
+        EpisodeStreams.from_store(root)
+
+
+def test_version1_and_version2_names_of_gripper0_are_one_stream(rig_export, tmp_path: Path) -> None:
+    export, _ = rig_export
+    streams = read_streams(export / "a_vio.mcap", CONFIG.topics, (0, 1), (0, 1, SCENE))
+    assert streams.grippers[0].pose_topic == "/robot0/vio/pose"
+    assert streams.grippers[1].width_topic == "/robot1/gripper/width"
+    assert streams.cameras[SCENE].topic == "/camera2/image"
+    assert not streams.warnings
+    # A gripper the file does not have: named, with the topics it has.
+    from policypipe.recordings.messages import RecordingError
+
+    with pytest.raises(
+        RecordingError, match="no messages on /robot2/vio/pose; topics present: /camera0/image"
+    ):
+        read_streams(export / "a_vio.mcap", CONFIG.topics, (0, 2), (0,))
