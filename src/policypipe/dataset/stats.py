@@ -23,7 +23,7 @@ import zarr
 
 from policypipe.dataset import layout
 from policypipe.dataset.split import RULE, SPLIT_BY, episode_groups, split_episodes
-from policypipe.dataset.windows import EpisodeStreams, WindowConfig, episode_bounds
+from policypipe.dataset.windows import EpisodeStreams, WindowConfig, episode_bounds, observation_names
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,18 @@ def _windowed(streams: EpisodeStreams, episodes: list[int], window: WindowConfig
             # Per horizon step (step-major, horizon x 10): near steps move far less than far ones.
             "action_per_step": w.action.reshape(len(w.action), -1),
             "obs.eef_pose_rel": w.obs_pose.reshape(-1, w.obs_pose.shape[-1]),
-            "obs.gripper_width": w.obs_width.reshape(-1, 1),
+            "obs.gripper_width": w.obs_width.reshape(-1, w.obs_width.shape[-1]),
         }
+
+
+def grippers_layout(grippers: int) -> dict[str, Any]:
+    """What the low-dimensional statistics of several grippers hold, block by block."""
+    return {
+        "count": grippers,
+        "obs.eef_pose_rel": observation_names(grippers),  # 9 numbers each
+        "obs.gripper_width": [f"robot{i}" for i in range(grippers)],  # 1 each
+        "action": [f"robot{i}" for i in range(grippers)],  # 10 each
+    }
 
 
 def observation_image_offsets(
@@ -166,17 +176,25 @@ def lowdim_statistics(
     return out
 
 
-def image_sample_indices(root: zarr.Group, episodes: list[int], frames: int) -> np.ndarray:
+def image_sample_indices(root: zarr.Group, episodes: list[int], frames: int, camera: int = 0) -> np.ndarray:
+    """Evenly spaced rows of the episodes where `camera` has a frame (camera 0: every row)."""
     first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
     pool = np.concatenate([np.arange(first[e], last[e] + 1) for e in episodes])
+    if camera != 0:
+        pool = pool[root[layout.camera_valid(camera)][:][pool]]
+        if not len(pool):
+            raise ValueError(
+                f"camera {camera} has no frame in the training episodes: nothing to learn it from"
+            )
     picks = np.unique(np.linspace(0, len(pool) - 1, min(frames, len(pool))).round().astype(np.int64))
     return pool[picks]
 
 
-def image_statistics(root: zarr.Group, episodes: list[int], frames: int) -> dict[str, Any]:
-    """Per-channel mean and std (0-1 scale) over evenly spaced training frames."""
-    rgb = root[layout.RGB]
-    indices = image_sample_indices(root, episodes, frames)
+def image_statistics(root: zarr.Group, episodes: list[int], frames: int, camera: int = 0) -> dict[str, Any]:
+    """Per-channel mean and std (0-1 scale) over evenly spaced training frames of `camera` (its
+    rows without a frame left out)."""
+    rgb = root[layout.camera_rgb(camera)]
+    indices = image_sample_indices(root, episodes, frames, camera)
     total = np.zeros(3)
     total_sq = np.zeros(3)
     pixels = 0
@@ -225,9 +243,14 @@ def compute_statistics(root: zarr.Group, window: WindowConfig, config: StatsConf
             "horizon": window.horizon,
             "n_action_steps": window.n_action_steps,
         },
+        # Several grippers: which gripper each block of 9 (pose) or 10 (action) numbers is.
+        **({"grippers": grippers_layout(streams.grippers)} if streams.grippers > 1 else {}),
         "lowdim": lowdim_statistics(streams, train, window, config),
         "observation_image_offset_ms": observation_image_offsets(streams, train, window),
-        "image": {layout.RGB: image_statistics(root, train, config.image_sample_frames)},
+        "image": {
+            layout.camera_rgb(k): image_statistics(root, train, config.image_sample_frames, k)
+            for k in root.attrs[layout.ATTRS_CAMERAS]
+        },
         "quantile_tolerance": "within one bin, (max - min) / quantile_bins, "
         "of the order statistics bracketing the quantile",
         "quantile_bins": config.quantile_bins,

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 
 from policypipe.dataset import layout
 from policypipe.dataset.frame_shards import FrameShardReader
-from policypipe.dataset.windows import EpisodeStreams, WindowConfig
+from policypipe.dataset.windows import EpisodeStreams, WindowConfig, require_one_gripper_and_camera
 
 
 class WindowDataset(Dataset):
@@ -25,7 +25,9 @@ class WindowDataset(Dataset):
         if not episodes:
             raise ValueError("no episodes to sample from")
         self.store, self.window = Path(store), window
-        self.streams = EpisodeStreams.from_store(zarr.open_group(self.store, mode="r"))
+        root = zarr.open_group(self.store, mode="r")
+        require_one_gripper_and_camera(root, "training")
+        self.streams = EpisodeStreams.from_store(root)
         # (M,) frame index of each sample's anchor, and its episode.
         self.anchors, self.anchor_episodes = self.streams.anchors(episodes, window)
         if not len(self.anchors):

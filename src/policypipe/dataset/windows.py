@@ -21,7 +21,9 @@ episode, whose futures would be mostly padding, are not trained on.
 
 A pose vector is 9 numbers: position in the anchor's gripper frame (3), and a 6D rotation, the
 first two columns of the rotation relative to the anchor's (6). An action is 10 (pose + width
-change); an observation is the pose (9) and the width itself (1).
+change); an observation is the pose (9) and the width itself (1). With G grippers, each one's
+numbers relative to its own anchor pose, side by side, and each other gripper's observed poses in
+its anchor frame (`observation_names`): 9 G^2 pose numbers, G widths, 10 G action numbers.
 Shapes: `M` anchors, `O` observation steps, `H` action steps.
 """
 
@@ -114,23 +116,79 @@ def relative_poses(
 
 @dataclass(frozen=True)
 class Windows:
-    """The windows of M anchors."""
+    """The windows of M anchors, for G grippers (one: the shapes below with G = 1)."""
 
-    obs_pose: np.ndarray  # (M, O, 9) relative to the anchor
-    obs_width: np.ndarray  # (M, O, 1) metres
-    obs_frames: np.ndarray  # (M, O) int64 frame index of each observation's image
-    action: np.ndarray  # (M, H, 10) relative pose and the width's change from the anchor's
+    obs_pose: np.ndarray  # (M, O, 9 G^2) each gripper's poses relative to its own anchor pose, then each
+    #                       other gripper's relative to it (`observation_names`)
+    obs_width: np.ndarray  # (M, O, G) metres
+    obs_frames: np.ndarray  # (M, O) int64 frame index (row) of each observation's images
+    action: np.ndarray  # (M, H, 10 G) per gripper: relative pose and the width's change from the anchor's
+
+
+def observation_names(grippers: int) -> list[str]:
+    """What the 9 G^2 numbers of an observation's pose are, in order: `robot{i}` gripper i's pose in
+    its own anchor frame, then `robot{j}_wrt{i}` gripper j's pose in gripper i's anchor frame (UMI's
+    bimanual observation), for i, then j != i."""
+    own = [f"robot{i}" for i in range(grippers)]
+    cross = [f"robot{j}_wrt{i}" for i in range(grippers) for j in range(grippers) if j != i]
+    return own + cross
+
+
+@dataclass(frozen=True)
+class GripperSamples:
+    """One gripper's recorded pose and width samples, on each episode's own clock, with their
+    `*_episode_ends` as `meta/episode_ends`."""
+
+    pose_time: np.ndarray
+    pose_pos: np.ndarray
+    pose_rotvec: np.ndarray
+    pose_episode_ends: np.ndarray
+    width_time: np.ndarray
+    width: np.ndarray
+    width_episode_ends: np.ndarray
+
+
+class _Track:
+    """One gripper's samples on the shared time axis, its pose interpolator built once."""
+
+    def __init__(self, samples: GripperSamples, shift: np.ndarray) -> None:
+        p_first, p_last = episode_bounds(samples.pose_episode_ends)
+        w_first, w_last = episode_bounds(samples.width_episode_ends)
+        self.bounds = (p_first, p_last, w_first, w_last)
+        self.pose_time = np.asarray(samples.pose_time, np.float64) + np.repeat(shift, p_last - p_first + 1)
+        self.width_time = np.asarray(samples.width_time, np.float64) + np.repeat(shift, w_last - w_first + 1)
+        self.width = np.ascontiguousarray(samples.width, np.float64).reshape(-1)
+        self.samples = samples
+
+    def build(self) -> None:
+        # Built once over the whole axis (between episodes it is never asked).
+        self.pose = PoseInterpolator(
+            self.pose_time,
+            np.asarray(self.samples.pose_pos, np.float64),
+            Rotation.from_rotvec(self.samples.pose_rotvec),
+        )
+
+
+def require_one_gripper_and_camera(root: zarr.Group, what: str) -> None:
+    """Refuses a dataset of several grippers or cameras for `what` (built for one of each so far),
+    rather than let it use gripper 0 and camera 0 alone and hide the others."""
+    grippers, cameras = root.attrs.get(layout.ATTRS_GRIPPERS), root.attrs.get(layout.ATTRS_CAMERAS)
+    if grippers != [0] or cameras != [0]:
+        raise ValueError(
+            f"dataset {root.store} keeps grippers {grippers} and cameras {cameras}: {what} reads one "
+            "gripper and one camera so far; convert it with convert.grippers: [0] and convert.cameras: [0]"
+        )
 
 
 class EpisodeStreams:
-    """A dataset's frame times and recorded pose and width samples, on one time axis.
+    """A dataset's frame times and recorded pose and width samples of every gripper, on one time axis.
 
     Each episode's own clock is shifted so that the episodes follow each other in order,
     `EPISODE_GAP_S` apart: one sorted axis for the whole dataset, on which a chunk of anchors
     from many episodes is interpolated in one vectorised call, and a clamped time of one episode
     never reaches another's samples. Arrays are float64 and held in memory, with the pose
-    interpolator built once (~70 MB per hour of recording at 200 Hz), so one sample costs
-    a few binary searches.
+    interpolators built once (~70 MB per hour of recording at 200 Hz and gripper), so one sample
+    costs a few binary searches.
     """
 
     def __init__(
@@ -145,51 +203,63 @@ class EpisodeStreams:
         width_time: np.ndarray,
         width: np.ndarray,
         width_episode_ends: np.ndarray,
+        other_grippers: tuple[GripperSamples, ...] = (),
     ) -> None:
-        """Times on each episode's own clock; `*_episode_ends` as `meta/episode_ends`."""
+        """Gripper 0's samples, then `other_grippers`' (1, 2, ...); times on each episode's own
+        clock; `*_episode_ends` as `meta/episode_ends`."""
         if not frequency_hz > 0:
             raise ValueError(f"the dataset's frequency_hz must be positive, got {frequency_hz}")
         self.frequency_hz = float(frequency_hz)
         self.first, self.last = episode_bounds(episode_ends)
-        p_first, p_last = episode_bounds(pose_episode_ends)
-        w_first, w_last = episode_bounds(width_episode_ends)
-        if not len(self.first) == len(p_first) == len(w_first):
-            raise ValueError("the frame, pose and width streams have different episode counts")
-        starts = np.minimum.reduce([frame_time[self.first], pose_time[p_first], width_time[w_first]])
-        stops = np.maximum.reduce([frame_time[self.last], pose_time[p_last], width_time[w_last]])
+        grippers = (
+            GripperSamples(
+                pose_time, pose_pos, pose_rotvec, pose_episode_ends, width_time, width, width_episode_ends
+            ),
+            *other_grippers,
+        )
+        starts, stops = [frame_time[self.first]], [frame_time[self.last]]
+        for g in grippers:
+            p_first, p_last = episode_bounds(g.pose_episode_ends)
+            w_first, w_last = episode_bounds(g.width_episode_ends)
+            if not len(self.first) == len(p_first) == len(w_first):
+                raise ValueError("the frame, pose and width streams have different episode counts")
+            starts += [g.pose_time[p_first], g.width_time[w_first]]
+            stops += [g.pose_time[p_last], g.width_time[w_last]]
+        starts, stops = np.minimum.reduce(starts), np.maximum.reduce(stops)
         # float64 keeps 0.1 ns resolution on an axis as long as 100 hours of episodes.
         shift = np.concatenate([[0.0], np.cumsum(stops - starts + EPISODE_GAP_S)[:-1]]) - starts  # (E,)
         self.frame_episode = np.repeat(np.arange(len(shift)), self.last - self.first + 1)
         self.frame_time = np.asarray(frame_time, np.float64) + shift[self.frame_episode]
-        self.pose_time = np.asarray(pose_time, np.float64) + np.repeat(shift, p_last - p_first + 1)
-        self.width_time = np.asarray(width_time, np.float64) + np.repeat(shift, w_last - w_first + 1)
-        self.width = np.ascontiguousarray(width, np.float64).reshape(-1)
-        self._check(p_first, p_last, w_first, w_last)
-        # Built once over the whole axis (between episodes it is never asked).
-        self.pose = PoseInterpolator(
-            self.pose_time, np.asarray(pose_pos, np.float64), Rotation.from_rotvec(pose_rotvec)
-        )
+        self.tracks = [_Track(g, shift) for g in grippers]
+        self._check()
+        for track in self.tracks:
+            track.build()
 
-    def _check(self, p_first, p_last, w_first, w_last) -> None:
+    @property
+    def grippers(self) -> int:
+        return len(self.tracks)
+
+    def _check(self) -> None:
         """Every episode's streams cover its frames, in time order: nothing is ever extrapolated."""
-        if (
-            (np.diff(self.pose_time) <= 0).any()
-            or (np.diff(self.width_time) <= 0).any()
-            or (np.diff(self.frame_time) < 0).any()
-        ):
-            raise ValueError("pose or width samples not strictly increasing in time, or frames out of order")
+        if (np.diff(self.frame_time) < 0).any():
+            raise ValueError("frames out of order")
         t0, t1 = self.frame_time[self.first], self.frame_time[self.last]
-        bad = (
-            (self.pose_time[p_first] > t0)
-            | (self.pose_time[p_last] < t1)
-            | (self.width_time[w_first] > t0)
-            | (self.width_time[w_last] < t1)
-        )
-        if bad.any():
-            raise ValueError(
-                f"episodes {np.flatnonzero(bad).tolist()}: the pose or width samples "
-                "do not cover their frames"
+        for i, track in enumerate(self.tracks):
+            whose = "" if i == 0 else f"gripper {i}: "
+            if (np.diff(track.pose_time) <= 0).any() or (np.diff(track.width_time) <= 0).any():
+                raise ValueError(f"{whose}pose or width samples not strictly increasing in time")
+            p_first, p_last, w_first, w_last = track.bounds
+            bad = (
+                (track.pose_time[p_first] > t0)
+                | (track.pose_time[p_last] < t1)
+                | (track.width_time[w_first] > t0)
+                | (track.width_time[w_last] < t1)
             )
+            if bad.any():
+                raise ValueError(
+                    f"{whose}episodes {np.flatnonzero(bad).tolist()}: the pose or width samples "
+                    "do not cover their frames"
+                )
 
     @classmethod
     def from_store(cls, root: zarr.Group) -> EpisodeStreams:
@@ -200,26 +270,31 @@ class EpisodeStreams:
                 f"this code reads version {layout.FORMAT_VERSION} "
                 "(version 3 names the streams by gripper): rebuild it with `dvc repro convert`"
             )
-        grippers, cameras = root.attrs.get(layout.ATTRS_GRIPPERS), root.attrs.get(layout.ATTRS_CAMERAS)
-        if grippers != [0] or cameras != [0]:
-            # Converting several is built (recording-format.md, "Version 2"); the windows, statistics
-            # and policy over them are not yet, and using gripper 0 alone would hide the others.
-            raise ValueError(
-                f"dataset {root.store} keeps grippers {grippers} and cameras {cameras}: training and "
-                "evaluation read one gripper and one camera so far; convert it with convert.grippers: [0] "
-                "and convert.cameras: [0]"
+
+        def samples(i: int) -> GripperSamples:
+            return GripperSamples(
+                pose_time=root[layout.pose_timestamp(i)][:],
+                pose_pos=root[layout.pose_pos(i)][:],
+                pose_rotvec=root[layout.pose_rot(i)][:],
+                pose_episode_ends=root[layout.pose_episode_ends(i)][:],
+                width_time=root[layout.width_timestamp(i)][:],
+                width=root[layout.width(i)][:],
+                width_episode_ends=root[layout.width_episode_ends(i)][:],
             )
+
+        first, *others = (samples(i) for i in root.attrs[layout.ATTRS_GRIPPERS])
         return cls(
-            frequency_hz=float(root.attrs[layout.ATTRS_FREQUENCY]),
-            frame_time=root[layout.TIMESTAMP][:],
-            episode_ends=root[layout.EPISODE_ENDS][:],
-            pose_time=root[layout.POSE_TIMESTAMP][:],
-            pose_pos=root[layout.POSE_POS][:],
-            pose_rotvec=root[layout.POSE_ROT][:],
-            pose_episode_ends=root[layout.POSE_EPISODE_ENDS][:],
-            width_time=root[layout.WIDTH_TIMESTAMP][:],
-            width=root[layout.WIDTH][:],
-            width_episode_ends=root[layout.WIDTH_EPISODE_ENDS][:],
+            float(root.attrs[layout.ATTRS_FREQUENCY]),
+            root[layout.TIMESTAMP][:],
+            root[layout.EPISODE_ENDS][:],
+            first.pose_time,
+            first.pose_pos,
+            first.pose_rotvec,
+            first.pose_episode_ends,
+            first.width_time,
+            first.width,
+            first.width_episode_ends,
+            tuple(others),
         )
 
     def anchors(self, episodes: list[int], window: WindowConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -266,23 +341,36 @@ class EpisodeStreams:
         offsets = np.concatenate(
             [window.observation_offsets(self.frequency_hz), window.action_offsets(self.frequency_hz)]
         )
-        pos, rot, width = self._sample(self._clamped(anchors, offsets))  # (M, O + H, ...)
+        times = self._clamped(anchors, offsets)
+        sampled = [self._sample(track, times) for track in self.tracks]  # per gripper (M, O + H, ...)
         o = window.n_obs_steps  # observation step o - 1 is the anchor itself
-        rel = relative_poses(pos[:, o - 1], rot[:, o - 1], pos, rot)
+        own, cross, widths, actions = [], [], [], []
+        for i, (pos, rot, width) in enumerate(sampled):
+            rel = relative_poses(pos[:, o - 1], rot[:, o - 1], pos, rot)
+            own.append(rel[:, :o])
+            widths.append(width[:, :o, None])
+            actions.append(
+                np.concatenate([rel[:, o:], (width[:, o:] - width[:, o - 1 : o])[..., None]], axis=-1)
+            )
+            for j, (pos_j, rot_j, _) in enumerate(sampled):
+                if j != i:  # gripper j in gripper i's anchor frame
+                    cross.append(relative_poses(pos[:, o - 1], rot[:, o - 1], pos_j[:, :o], rot_j[:, :o]))
         frames, _ = self.observation_frames(anchors, window)
+        one = len(sampled) == 1  # one gripper: its arrays as they are, no copy
         return Windows(
-            obs_pose=rel[:, :o],
-            obs_width=width[:, :o, None],
+            obs_pose=own[0] if one else np.concatenate(own + cross, axis=-1),
+            obs_width=widths[0] if one else np.concatenate(widths, axis=-1),
             obs_frames=frames,
-            action=np.concatenate([rel[:, o:], (width[:, o:] - width[:, o - 1 : o])[..., None]], axis=-1),
+            action=actions[0] if one else np.concatenate(actions, axis=-1),
         )
 
-    def _sample(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Pose and width at shared-axis `times` (M, K): positions (M, K, 3), rotation matrices
-        (M, K, 3, 3), widths (M, K)."""
+    @staticmethod
+    def _sample(track: _Track, times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One gripper's pose and width at shared-axis `times` (M, K): positions (M, K, 3), rotation
+        matrices (M, K, 3, 3), widths (M, K)."""
         flat = times.ravel()
-        pos, rot = self.pose(flat)
-        width = interpolate_width(flat, self.width_time, self.width)
+        pos, rot = track.pose(flat)
+        width = interpolate_width(flat, track.width_time, track.width)
         return (
             pos.reshape(*times.shape, 3),
             rot.as_matrix().reshape(*times.shape, 3, 3),

@@ -26,7 +26,13 @@ import zarr
 
 from policypipe.dataset import layout
 from policypipe.dataset.frame_shards import FrameShardReader
-from policypipe.dataset.windows import EpisodeStreams, WindowConfig, rot6d, rot6d_to_matrix
+from policypipe.dataset.windows import (
+    EpisodeStreams,
+    WindowConfig,
+    require_one_gripper_and_camera,
+    rot6d,
+    rot6d_to_matrix,
+)
 
 BLOCKS = ("pose", "width", "pixels")
 # Queries per distance pass: (chunk, M) float64 distances, 16 MB for 8,000 training windows.
@@ -116,7 +122,9 @@ def training_windows(
     store: Path, episodes: list[int], window: WindowConfig, config: NearestNeighbourConfig
 ) -> TrainingWindows:
     """Every `train_stride`-th anchor of the training episodes, as features and chunks."""
-    streams = EpisodeStreams.from_store(zarr.open_group(store, mode="r"))
+    root = zarr.open_group(store, mode="r")
+    require_one_gripper_and_camera(root, "evaluation")
+    streams = EpisodeStreams.from_store(root)
     anchors, _ = streams.anchors(episodes, window)
     w = streams.windows(anchors[:: config.train_stride], window)
     frames = FrameShardReader(store, layout.RGB).read_many(w.obs_frames[:, -1])

@@ -15,7 +15,7 @@ import zarr
 
 from policypipe.dataset.frame_shards import UnreadableFrame
 from policypipe.dataset.window_dataset import WindowDataset
-from policypipe.dataset.windows import EpisodeStreams, WindowConfig
+from policypipe.dataset.windows import EpisodeStreams, WindowConfig, require_one_gripper_and_camera
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,9 @@ def collect_samples(store: Path, episodes: list[int], window: WindowConfig, stri
 def mean_motion(store: Path, episodes: list[int], window: WindowConfig, block: int = 32768) -> np.ndarray:
     """(T, 10): the training episodes' mean relative action chunk over their anchors (rotation
     re-orthonormalised later)."""
-    streams = EpisodeStreams.from_store(zarr.open_group(store, mode="r"))
+    root = zarr.open_group(store, mode="r")
+    require_one_gripper_and_camera(root, "evaluation")
+    streams = EpisodeStreams.from_store(root)
     anchors, _ = streams.anchors(episodes, window)
     total = np.zeros((window.horizon, 10))
     for s in range(0, len(anchors), block):

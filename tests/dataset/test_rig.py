@@ -1,4 +1,5 @@
-"""convert on recording format 2 (two grippers, a scene camera), against the rig's ground truth."""
+"""A rig dataset (recording format 2: two grippers, a scene camera): conversion against the rig's
+ground truth, and the windows and statistics over it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from scipy.spatial.transform import Rotation
 from policypipe.dataset import layout
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.episode import nearest_sample
-from policypipe.dataset.windows import EpisodeStreams
+from policypipe.dataset.stats import StatsConfig, compute_statistics
+from policypipe.dataset.window_dataset import WindowDataset
+from policypipe.dataset.windows import (
+    EpisodeStreams,
+    WindowConfig,
+    observation_names,
+)
+from policypipe.evaluation.samples import mean_motion
 from policypipe.recordings.streams import read_streams
 from policypipe.synthetic.recording import StreamTiming, write_simulated_raw, write_simulated_vio
 from policypipe.synthetic.render import read_timecode, timecode_value
@@ -203,12 +211,19 @@ def test_a_dataset_may_keep_fewer_grippers_and_cameras_than_recorded(rig_export,
     EpisodeStreams.from_store(root)
 
 
-def test_training_refuses_a_dataset_of_several_grippers_rather_than_use_one(rig_dataset) -> None:
+def test_training_and_evaluation_refuse_a_dataset_of_several_grippers_rather_than_use_one(
+    rig_dataset,
+) -> None:
     root, _, _ = rig_dataset
-    with pytest.raises(
-        ValueError, match=r"keeps grippers \[0, 1\] and cameras \[0, 1, 2\].*convert.grippers: \[0\]"
-    ):
-        EpisodeStreams.from_store(root)
+    store = Path(root.store.root)
+    window = WindowConfig(n_obs_steps=2, horizon=8, n_action_steps=4)
+    refused = (
+        r"keeps grippers \[0, 1\] and cameras \[0, 1, 2\]: {} reads one gripper.*convert.grippers: \[0\]"
+    )
+    with pytest.raises(ValueError, match=refused.format("training")):
+        WindowDataset(store, [0, 1], window)
+    with pytest.raises(ValueError, match=refused.format("evaluation")):
+        mean_motion(store, [0, 1], window)
 
 
 def test_version1_and_version2_names_of_gripper0_are_one_stream(rig_export, tmp_path: Path) -> None:
@@ -225,3 +240,75 @@ def test_version1_and_version2_names_of_gripper0_are_one_stream(rig_export, tmp_
         RecordingError, match="no messages on /robot2/vio/pose; topics present: /camera0/image"
     ):
         read_streams(export / "a_vio.mcap", CONFIG.topics, (0, 2), (0,))
+
+
+# ---------------------------------------------------------------- windows and statistics over a rig
+
+
+def test_windows_give_each_gripper_its_own_frame_and_the_other_in_it(
+    rig_dataset, rig_export, tmp_path
+) -> None:
+    root, result, recordings = rig_dataset
+    window = WindowConfig(n_obs_steps=2, horizon=8, n_action_steps=4)
+    streams = EpisodeStreams.from_store(root)
+    assert streams.grippers == 2
+    anchors, owners = streams.anchors([0, 1, 2], window)
+    w = streams.windows(anchors, window)
+    assert w.obs_pose.shape == (len(anchors), 2, 36) and w.obs_width.shape == (len(anchors), 2, 2)
+    assert w.action.shape == (len(anchors), 8, 20)
+    assert observation_names(2) == ["robot0", "robot1", "robot1_wrt0", "robot0_wrt1"]
+
+    # Against the plans: at each anchor, gripper 1 seen from gripper 0, and gripper 1's own motion.
+    episode_starts = {i: ep["start_ns"] for i, ep in enumerate(result.episodes)}
+    stems = [ep["stem"] for ep in result.episodes]
+    t_rel = root[layout.TIMESTAMP][:][anchors]
+    for m in range(0, len(anchors), 17):
+        plans = recordings[stems[owners[m]]].rig.plans
+        t = episode_starts[owners[m]] + int(round(t_rel[m] * 1e9))
+        (p0,), (q0,) = plans[0].pose_at(np.array([t]))
+        (p1,), (q1,) = plans[1].pose_at(np.array([t]))
+        r0 = Rotation.from_quat(q0)
+        np.testing.assert_allclose(w.obs_pose[m, -1, 18:21], r0.inv().apply(p1 - p0), atol=2e-4)
+        future = t + int(round(1e9 / streams.frequency_hz))  # action step 0, one period ahead
+        (p1f,), _ = plans[1].pose_at(np.array([future]))
+        np.testing.assert_allclose(
+            w.action[m, 0, 10:13], Rotation.from_quat(q1).inv().apply(p1f - p1), atol=2e-4
+        )
+        width_now = plans[1].width_at(np.array([t]))[0]
+        np.testing.assert_allclose(w.obs_width[m, -1, 1], width_now, atol=5e-4)
+    # Each gripper's own block is at the identity at the anchor (its own frame).
+    identity = np.array([0, 0, 0, 1, 0, 0, 0, 1, 0])
+    np.testing.assert_allclose(w.obs_pose[:, -1, 0:9], np.tile(identity, (len(anchors), 1)), atol=1e-9)
+    np.testing.assert_allclose(w.obs_pose[:, -1, 9:18], np.tile(identity, (len(anchors), 1)), atol=1e-9)
+
+    # Gripper 0's blocks are the windows of the same recordings converted with gripper 0 alone.
+    export, _ = rig_export
+    convert(export, tmp_path / "one.zarr", replace(CONFIG, grippers=(0,), cameras=(0,)))
+    alone = EpisodeStreams.from_store(zarr.open_group(tmp_path / "one.zarr", mode="r"))
+    w0 = alone.windows(alone.anchors([0, 1, 2], window)[0], window)
+    np.testing.assert_allclose(w.obs_pose[..., :9], w0.obs_pose, atol=1e-9)
+    np.testing.assert_allclose(w.action[..., :10], w0.action, atol=1e-9)
+
+
+def test_statistics_cover_every_gripper_and_camera(rig_dataset) -> None:
+    root, _, _ = rig_dataset
+    window = WindowConfig(n_obs_steps=2, horizon=8, n_action_steps=4)
+    stats = compute_statistics(
+        root, window, StatsConfig(val_fraction=0.3, test_fraction=0.0, image_sample_frames=50)
+    )
+    assert stats["grippers"]["obs.eef_pose_rel"] == observation_names(2)
+    assert len(stats["lowdim"]["obs.eef_pose_rel"]["mean"]) == 36
+    assert (
+        len(stats["lowdim"]["action"]["mean"]) == 20
+        and len(stats["lowdim"]["obs.gripper_width"]["mean"]) == 2
+    )
+    assert set(stats["image"]) == {layout.camera_rgb(k) for k in (0, 1, SCENE)}
+    # The scene camera's rows without a frame (a whole recording of them) are left out of its statistics.
+    valid = root[layout.camera_valid(SCENE)][:]
+    train_rows = sum(
+        int(e - s)
+        for i, (s, e) in enumerate(zip([0, *root[layout.EPISODE_ENDS][:-1]], root[layout.EPISODE_ENDS][:]))
+        if i in stats["split"]["train"]
+    )
+    assert stats["image"][layout.camera_rgb(SCENE)]["count"] <= min(50, int(valid.sum()))
+    assert stats["image"][layout.camera_rgb(0)]["count"] == min(50, train_rows)
