@@ -55,7 +55,7 @@ def main() -> None:
         ax.set_xlabel("executed position error on the test side, mm (offline)")
         ax.set_ylabel(f"{what}, % of the episodes")
         ax.set_title(f"closed loop, {scenes}", fontsize=9)
-        ax.set_ylim(-2, 60)
+        ax.set_ylim(-2, 75)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)
     save_png(fig, args.out, dpi=100)

@@ -176,14 +176,12 @@ def simulate_rig_recording(
     def span(plan_start: int, plan_end: int, start_s: float, stop_s: float) -> tuple[int, int]:
         return plan_start + int(round(start_s * 1e9)), plan_end - int(round(stop_s * 1e9))
 
+    def camera_times(start_ns: int, end_ns: int, timing: StreamTiming) -> tuple[np.ndarray, int]:
+        where = span(start_ns, end_ns, timing.camera_start_s, timing.camera_stop_s)
+        return camera_clock(rng, where, timing.camera_hz, timing.camera_jitter_s, timing.camera_drop_fraction)
+
     for i, (plan, timing) in enumerate(zip(rig.plans, timings)):
-        ns, dropped[i] = camera_clock(
-            rng,
-            span(plan.start_ns, plan.end_ns, timing.camera_start_s, timing.camera_stop_s),
-            timing.camera_hz,
-            timing.camera_jitter_s,
-            timing.camera_drop_fraction,
-        )
+        ns, dropped[i] = camera_times(plan.start_ns, plan.end_ns, timing)
         pose_ns[i] = sample_clock(
             rng,
             *span(plan.start_ns, plan.end_ns, timing.pose_start_s, timing.pose_stop_s),
@@ -222,13 +220,7 @@ def simulate_rig_recording(
             )
         )
     if scene_timing is not None:
-        ns, dropped[n] = camera_clock(
-            rng,
-            span(rig.start_ns, rig.end_ns, scene_timing.camera_start_s, scene_timing.camera_stop_s),
-            scene_timing.camera_hz,
-            scene_timing.camera_jitter_s,
-            scene_timing.camera_drop_fraction,
-        )
+        ns, dropped[n] = camera_times(rig.start_ns, rig.end_ns, scene_timing)
         if n not in absent_cameras:
             camera_ns[n] = ns
             streams.append(_camera_stream(n, ns, _scene_frames(rig, ns, texture, image_size, timecode)))
