@@ -54,3 +54,26 @@ def test_a_policy_saved_before_these_choices_existed_is_refused_with_what_it_lac
     )
     with pytest.raises(ValueError, match="lacks normalization, num_keypoints, timestep_spacing"):
         load_policy(tmp_path / "old")
+
+
+def test_a_policy_saved_before_grippers_and_cameras_existed_loads_as_one_of_each(tmp_path: Path) -> None:
+    old = asdict(TINY)
+    for key in ("grippers", "cameras", "shared_camera_encoder"):
+        del old[key]
+    policy = DiffusionPolicy(TINY)
+    state = {k: v.contiguous() for k, v in policy.state_dict().items()}
+    write_folder_atomic(
+        tmp_path / "old",
+        {
+            "model.safetensors": lambda p: save_file(state, p),
+            "config.json": lambda p: p.write_bytes(canonical_json({"policy": old})),
+        },
+        extra={"lineage": {}},
+    )
+    loaded = load_policy(tmp_path / "old")
+    assert (loaded.config.grippers, loaded.config.cameras, loaded.config.shared_camera_encoder) == (
+        1,
+        1,
+        False,
+    )
+    assert loaded.config == TINY

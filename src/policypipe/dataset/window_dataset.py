@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 
 from policypipe.dataset import layout
 from policypipe.dataset.frame_shards import FrameShardReader
-from policypipe.dataset.windows import EpisodeStreams, WindowConfig, require_one_gripper_and_camera
+from policypipe.dataset.windows import EpisodeStreams, WindowConfig
 
 
 class WindowDataset(Dataset):
@@ -26,8 +26,10 @@ class WindowDataset(Dataset):
             raise ValueError("no episodes to sample from")
         self.store, self.window = Path(store), window
         root = zarr.open_group(self.store, mode="r")
-        require_one_gripper_and_camera(root, "training")
         self.streams = EpisodeStreams.from_store(root)
+        # Cameras beyond camera 0: their frames at the same rows, and whether a row has one.
+        self.cameras = [k for k in root.attrs[layout.ATTRS_CAMERAS] if k != 0]
+        self.valid = {k: root[layout.camera_valid(k)][:] for k in self.cameras}
         # (M,) frame index of each sample's anchor, and its episode.
         self.anchors, self.anchor_episodes = self.streams.anchors(episodes, window)
         if not len(self.anchors):
@@ -37,21 +39,26 @@ class WindowDataset(Dataset):
                 "horizon - n_action_steps + 1 = "
                 f"{window.horizon - window.n_action_steps + 1} action steps need"
             )
-        self._frames: FrameShardReader | None = None  # opened in each worker on first use
+        self._frames: dict[int, FrameShardReader] | None = None  # opened in each worker on first use
 
     def __len__(self) -> int:
         return len(self.anchors)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         if self._frames is None:
-            self._frames = FrameShardReader(self.store, layout.RGB)
+            self._frames = {k: FrameShardReader(self.store, layout.camera_rgb(k)) for k in [0, *self.cameras]}
         w = self.streams.windows(self.anchors[i : i + 1], self.window)
-        return {
-            "obs_images": torch.from_numpy(self._frames.read_many(w.obs_frames[0])),
+        rows = w.obs_frames[0]
+        item = {
+            "obs_images": torch.from_numpy(self._frames[0].read_many(rows)),
             "obs_pose": torch.from_numpy(w.obs_pose[0].astype(np.float32)),
             "obs_width": torch.from_numpy(w.obs_width[0].astype(np.float32)),
             "action": torch.from_numpy(w.action[0].astype(np.float32)),
         }
+        for k in self.cameras:
+            item[f"obs_images_camera{k}"] = torch.from_numpy(self._frames[k].read_many(rows))
+            item[f"obs_valid_camera{k}"] = torch.from_numpy(self.valid[k][rows])
+        return item
 
     def __getstate__(self) -> dict:
         # Workers open their own reader: file handles and caches are per process.

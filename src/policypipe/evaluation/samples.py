@@ -37,6 +37,7 @@ def collect_samples(store: Path, episodes: list[int], window: WindowConfig, stri
     An episode with a frame that cannot be read (`UnreadableFrame`: damaged data) is skipped and
     counted; any other exception is a fault of the code or the setup, and is raised.
     """
+    require_one_gripper_and_camera(zarr.open_group(store, mode="r"), "evaluation")
     data = WindowDataset(store, episodes, window)
     items, owners, anchors, skipped = [], [], [], []
     for e in episodes:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policypipe.dataset.windows import ACTION_DIM, POSE_DIM
+
 PREDICTION_TYPES = ("epsilon", "sample", "v_prediction")
 NORMALIZATIONS = ("min_max", "mean_std")
 TIMESTEP_SPACINGS = ("trailing", "leading")
@@ -28,6 +30,11 @@ class PolicyConfig:
     n_obs_steps: int = 2
     horizon: int = 16
     n_action_steps: int = 8
+    # What the dataset holds (set from its statistics, not a param): its grippers and cameras.
+    grippers: int = 1
+    cameras: int = 1
+    # One image encoder per camera (the default: each camera's view is its own), or one shared by all.
+    shared_camera_encoder: bool = False
     # Image encoder: a ResNet-18-style CNN with GroupNorm, trained from scratch.
     image_size: tuple[int, int] = (96, 96)  # (width, height) of the dataset frames
     crop_size: tuple[int, int] = (88, 88)  # random crop in training, centre crop at inference
@@ -66,7 +73,20 @@ class PolicyConfig:
     # noise level). docs/training.md, "Measured choices", compares epsilon and sample.
     prediction_type: str = "epsilon"
 
+    @property
+    def obs_pose_dim(self) -> int:
+        """Each gripper's pose in its own frame and every other one's in it (`windows.observation_names`)."""
+        return POSE_DIM * self.grippers**2
+
+    @property
+    def action_dim(self) -> int:
+        return ACTION_DIM * self.grippers
+
     def __post_init__(self) -> None:
+        if self.grippers < 1 or self.cameras < 1:
+            raise ValueError(
+                f"a policy needs at least one gripper and one camera, got {self.grippers} and {self.cameras}"
+            )
         if not 1 <= self.n_action_steps <= self.horizon:
             raise ValueError(
                 f"n_action_steps must be in 1..horizon ({self.horizon}), got {self.n_action_steps}"

@@ -6,11 +6,15 @@ Inference (DDIM): start from Gaussian noise and denoise in `num_inference_steps`
 diffusion steps `timestep_spacing` picks; with min/max normalization each step clips its
 estimate of the clean chunk to [-1, 1]. The schedules come from diffusers.
 
-Batch layout, with B batch, O = n_obs_steps, T = horizon:
-  obs_images   uint8 (B, O, H, W, 3)
-  obs_pose     float (B, O, 9)  gripper poses relative to the current one (pos + 6D rotation)
-  obs_width    float (B, O, 1)
-  action       float (B, T, 10) future poses relative to the current one, and the width's change
+Batch layout, with B batch, O = n_obs_steps, T = horizon, G grippers (`config.grippers`):
+  obs_images   uint8 (B, O, H, W, 3)   camera 0
+  obs_pose     float (B, O, 9 G^2)     gripper poses relative to the current one (pos + 6D rotation),
+                                       then each other gripper's in it (`windows.observation_names`)
+  obs_width    float (B, O, G)
+  action       float (B, T, 10 G)      future poses relative to the current one, and the width's change
+and for each further camera k (`config.cameras`):
+  obs_images_camera{k}  uint8 (B, O, H, W, 3)
+  obs_valid_camera{k}   bool (B, O): a frame within convert.max_camera_offset_ms of the step
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ import torch.nn.functional as F
 from diffusers import DDIMScheduler, DDPMScheduler
 from torch import nn
 
-from policypipe.dataset.windows import ACTION_DIM, POSE_DIM
 from policypipe.policy.config import PolicyConfig
 from policypipe.policy.encoder import ImageEncoder
 from policypipe.policy.normalizer import ImageNormalizer, LowDimNormalizer
@@ -34,14 +37,30 @@ class DiffusionPolicy(nn.Module):
         super().__init__()
         self.config = config
         self.image_normalizer = ImageNormalizer()
-        self.pose_normalizer = LowDimNormalizer(POSE_DIM, config.normalization)
-        self.width_normalizer = LowDimNormalizer(1, config.normalization)
-        action_dims = config.horizon * ACTION_DIM if config.normalize_actions_per_step else ACTION_DIM
+        self.pose_normalizer = LowDimNormalizer(config.obs_pose_dim, config.normalization)
+        self.width_normalizer = LowDimNormalizer(config.grippers, config.normalization)
+        action_dim = config.action_dim
+        action_dims = config.horizon * action_dim if config.normalize_actions_per_step else action_dim
         self.action_normalizer = LowDimNormalizer(action_dims, config.normalization)
         self.encoder = ImageEncoder(config.encoder_widths, config.image_feature_dim, config.num_keypoints)
-        cond_dim = config.n_obs_steps * (config.image_feature_dim + POSE_DIM + 1)
+        if config.cameras > 1:  # camera 0's modules keep their names: a one-camera policy is as before
+            others = range(1, config.cameras)
+            self.camera_image_normalizers = nn.ModuleList(ImageNormalizer() for _ in others)
+            if not config.shared_camera_encoder:
+                self.camera_encoders = nn.ModuleList(
+                    ImageEncoder(config.encoder_widths, config.image_feature_dim, config.num_keypoints)
+                    for _ in others
+                )
+            # What a camera without a frame at a step contributes: learned, not the features of a
+            # black image that could pass for a view.
+            self.absent_camera = nn.Parameter(
+                0.02 * torch.randn(config.cameras - 1, config.image_feature_dim)
+            )
+        cond_dim = config.n_obs_steps * (
+            config.cameras * config.image_feature_dim + config.obs_pose_dim + config.grippers
+        )
         self.denoiser = ConditionalUnet1D(
-            ACTION_DIM,
+            action_dim,
             cond_dim,
             config.down_dims,
             config.diffusion_step_embed_dim,
@@ -80,8 +99,15 @@ class DiffusionPolicy(nn.Module):
             self.action_normalizer.fit(stats["lowdim"]["action_per_step"])
         else:
             self.action_normalizer.fit(stats["lowdim"]["action"])
-        (image_stats,) = stats["image"].values()
-        self.image_normalizer.fit(image_stats)
+        image_stats = list(stats["image"].values())
+        if len(image_stats) != self.config.cameras:
+            raise ValueError(
+                f"the statistics have image statistics of {len(image_stats)} cameras, "
+                f"the policy has {self.config.cameras}: train on the dataset the statistics are of"
+            )
+        self.image_normalizer.fit(image_stats[0])
+        for normalizer, camera_stats in zip(getattr(self, "camera_image_normalizers", []), image_stats[1:]):
+            normalizer.fit(camera_stats)
 
     def _crop(self, images: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """(N, 3, H, W): a random crop per image in training, the centre crop otherwise."""
@@ -97,14 +123,30 @@ class DiffusionPolicy(nn.Module):
     def condition(
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        """(B, O * (F + 10)): image features and normalised low-dimensional state per obs step."""
+        """(B, O * (C F + 9 G^2 + G)): every camera's image features and the normalised
+        low-dimensional state, per obs step."""
         images = batch["obs_images"]
         b, o = images.shape[:2]
         pixels = self._crop(self.image_normalizer(images.flatten(0, 1)), generator)
-        features = self.encoder(pixels).view(b, o, -1)
+        features = [self.encoder(pixels).view(b, o, -1)]
+        for k in range(1, self.config.cameras):
+            features.append(self._camera_features(k, batch, generator))
         pose = self.pose_normalizer.normalize(batch["obs_pose"])
         width = self.width_normalizer.normalize(batch["obs_width"])
-        return torch.cat([features, pose, width], dim=-1).flatten(1)
+        return torch.cat([*features, pose, width], dim=-1).flatten(1)
+
+    def _camera_features(
+        self, k: int, batch: dict[str, torch.Tensor], generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """(B, O, F) camera k's features, its learned absent embedding where it has no frame."""
+        images = batch[f"obs_images_camera{k}"]
+        b, o = images.shape[:2]
+        normalizer = self.camera_image_normalizers[k - 1]
+        encoder = self.encoder if self.config.shared_camera_encoder else self.camera_encoders[k - 1]
+        pixels = self._crop(normalizer(images.flatten(0, 1)), generator)
+        features = encoder(pixels).view(b, o, -1)
+        valid = batch[f"obs_valid_camera{k}"].bool()[..., None]
+        return torch.where(valid, features, self.absent_camera[k - 1].expand_as(features))
 
     def compute_loss(
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
@@ -137,12 +179,12 @@ class DiffusionPolicy(nn.Module):
     def predict_action(
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        """(B, horizon, 10) actions in the dataset's units; the first n_action_steps are executed."""
+        """(B, horizon, 10 G) actions in the dataset's units; the first n_action_steps are executed."""
         cond = self.condition(batch)
         b = cond.shape[0]
-        sample = torch.randn((b, self.config.horizon, ACTION_DIM), generator=generator, device="cpu").to(
-            cond.device
-        )
+        sample = torch.randn(
+            (b, self.config.horizon, self.config.action_dim), generator=generator, device="cpu"
+        ).to(cond.device)
         scheduler = self.inference_scheduler
         scheduler.set_timesteps(self.config.num_inference_steps)
         for t in scheduler.timesteps:
@@ -151,7 +193,7 @@ class DiffusionPolicy(nn.Module):
         return self.unnormalize_actions(sample)
 
     def normalize_actions(self, actions: torch.Tensor) -> torch.Tensor:
-        """(B, T, 10) -> normalised, per horizon step and dimension or per dimension."""
+        """(B, T, 10 G) -> normalised, per horizon step and dimension or per dimension."""
         if self.config.normalize_actions_per_step:
             return self.action_normalizer.normalize(actions.flatten(-2)).view_as(actions)
         return self.action_normalizer.normalize(actions)

@@ -44,6 +44,7 @@ def load_policy(folder: Path) -> DiffusionPolicy:
     # Every field, none defaulted: a default describes how a new policy is built (the normalization,
     # the prediction type), not how this one was trained.
     names = {f.name for f in fields(PolicyConfig)}
+    raw = FIELDS_ADDED_LATER | raw
     missing, unknown = sorted(names - raw.keys()), sorted(raw.keys() - names)
     problems = ([f"lacks {', '.join(missing)}"] if missing else []) + (
         [f"has unknown {', '.join(unknown)}"] if unknown else []
@@ -59,6 +60,10 @@ def load_policy(folder: Path) -> DiffusionPolicy:
     policy.load_state_dict(load_file(Path(folder) / "model.safetensors"))
     return policy.eval()
 
+
+# Fields a policy saved before they existed lacks, with the one value every such policy had: one
+# gripper and one camera (a fact of its format, not a default that may not describe it).
+FIELDS_ADDED_LATER = {"grippers": 1, "cameras": 1, "shared_camera_encoder": False}
 
 # How a trained policy samples, not what it learned: these may differ from training's values.
 SAMPLING_FIELDS = ("timestep_spacing", "num_inference_steps")

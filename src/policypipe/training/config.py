@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from policypipe.atomic import canonical_json
@@ -177,6 +177,12 @@ def train_config_from_params(
             f"params.yaml [train.model]: {', '.join(f'train.model.{k}' for k in overridden)} is set in "
             "the shared [policy] section (stats and eval read it too): remove it from train.model"
         )
+    from_dataset = sorted(set(model) & {"grippers", "cameras"})
+    if from_dataset:
+        raise ConfigError(
+            f"params.yaml [train.model]: {', '.join(f'train.model.{k}' for k in from_dataset)} is the "
+            "dataset's (convert.grippers, convert.cameras), read from its statistics: remove it"
+        )
     down_dims = model.get("down_dims", PolicyConfig.down_dims)
     if isinstance(down_dims, (list, tuple)) and window.horizon % unet_horizon_multiple(tuple(down_dims)):
         multiple = unet_horizon_multiple(tuple(down_dims))
@@ -196,3 +202,10 @@ def train_config_from_params(
     if isinstance(given, Mapping):
         train["model"] = model | asdict(window)
     return from_mapping(TrainConfig, train, "train")
+
+
+def model_for_dataset(model: PolicyConfig, stats: Mapping[str, Any]) -> PolicyConfig:
+    """The model for the dataset the statistics describe: as many grippers and cameras as it keeps
+    (a dataset's, never a param)."""
+    grippers = int(stats.get("grippers", {}).get("count", 1))
+    return replace(model, grippers=grippers, cameras=len(stats["image"]))

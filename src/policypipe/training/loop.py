@@ -38,7 +38,7 @@ from policypipe.training.checkpoint import (
     save_checkpoints,
     trainer_state,
 )
-from policypipe.training.config import TrainConfig
+from policypipe.training.config import TrainConfig, model_for_dataset
 from policypipe.training.distributed import (
     OOM_WINDOW_STEPS,
     EarlyOutOfMemory,
@@ -126,6 +126,7 @@ def train(
     restored on return.
     """
     require_same_window(stats, asdict(config.window), "train.model (the [policy] section)")
+    config = replace(config, model=model_for_dataset(config.model, stats))
     adjustments: list[str] = []
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(config.cpu_threads)

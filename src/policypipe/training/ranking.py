@@ -28,9 +28,11 @@ COMPONENTS = ("position_mm", "rotation_deg", "width_mm")
 
 
 def executed_means(chunks: np.ndarray, recorded: np.ndarray, n_action_steps: int) -> dict[str, float]:
-    """Each component's error, averaged over the samples and the executed steps."""
-    errors = chunk_errors(chunks, recorded)
-    return {c: float(errors[c][:, :n_action_steps].mean()) for c in COMPONENTS}
+    """Each component's error, averaged over the samples, the executed steps and the grippers (10
+    numbers each)."""
+    blocks = [slice(10 * g, 10 * (g + 1)) for g in range(chunks.shape[-1] // 10)]
+    errors = [chunk_errors(chunks[..., b], recorded[..., b]) for b in blocks]
+    return {c: float(np.mean([e[c][:, :n_action_steps].mean() for e in errors])) for c in COMPONENTS}
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,10 @@ class ExecutedErrorProbe:
         items = [windows[int(i)] for i in picks]
         batch = {k: torch.stack([item[k] for item in items]) for k in items[0]}
         recorded = batch["action"].double().numpy()
-        still = executed_means(hold_still(len(picks), recorded.shape[1]), recorded, n_action_steps)
+        grippers = recorded.shape[-1] // 10
+        still = executed_means(
+            np.tile(hold_still(len(picks), recorded.shape[1]), (1, 1, grippers)), recorded, n_action_steps
+        )
         return cls(batch, still, n_action_steps, seed)
 
     @torch.no_grad()
