@@ -14,6 +14,7 @@ from scipy.spatial.transform import Rotation
 from policypipe.dataset import layout
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.episode import nearest_sample
+from policypipe.dataset.errors import DatasetError
 from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.dataset.window_dataset import WindowDataset
 from policypipe.dataset.windows import (
@@ -162,7 +163,7 @@ def test_the_report_gives_each_camera_its_own_rate_gaps_and_offsets(rig_dataset)
         if SCENE not in rec.truth.camera_ns:
             assert cameras["camera2"]["topic"] is None
             assert cameras["camera2"]["rows_missing"] == len(t_ns)
-            assert any("camera2 absent" in w for w in record["warnings"])
+            assert any("camera2 has no readable frame" in w for w in record["warnings"])
             continue
         scene = cameras["camera2"]
         assert scene["topic"] == "/camera2/image"
@@ -194,7 +195,10 @@ def test_a_missing_camera_excludes_its_recording_unless_masked(rig_export, tmp_p
     assert [ep["stem"] for ep in result.episodes] == ["a", "c"]
     (excluded,) = result.excluded
     assert excluded["stem"] == "b" and excluded["excluded"] == "missing_camera"
-    assert "camera2 has no messages" in excluded["detail"] and "on_missing_camera: mask" in excluded["detail"]
+    assert (
+        "camera2 has no readable frame" in excluded["detail"]
+        and "on_missing_camera: mask" in excluded["detail"]
+    )
 
 
 def test_a_dataset_may_keep_fewer_grippers_and_cameras_than_recorded(rig_export, tmp_path: Path) -> None:
@@ -311,3 +315,29 @@ def test_statistics_cover_every_gripper_and_camera(rig_dataset) -> None:
     )
     assert stats["image"][layout.camera_rgb(SCENE)]["count"] <= min(50, int(valid.sum()))
     assert stats["image"][layout.camera_rgb(0)]["count"] == min(50, train_rows)
+
+
+def test_a_camera_whose_every_message_is_unreadable_is_missing_not_a_lost_recording(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    rec = add_rig_recording(export, "a", 4)
+    broken = tuple(
+        replace(m, data=b"\xff\xff not a CompressedImage") if m.channel == "/camera1/image" else m
+        for m in rec.vio_messages
+    )
+    write_simulated_vio(export / "a_vio.mcap", replace(rec, vio_messages=broken))
+    result = convert(export, tmp_path / "ds.zarr", CONFIG)  # on_missing_camera: mask
+    (episode,) = result.episodes
+    assert episode["cameras"]["camera1"]["rows_missing"] == episode["frames"]
+    assert episode["lost_messages"]["camera1"] == len(rec.truth.camera_ns[1])
+    with pytest.raises(
+        DatasetError, match="camera1 has no readable frame.*the file is damaged: camera1: skipped"
+    ):
+        convert(export, tmp_path / "ds2.zarr", replace(CONFIG, on_missing_camera="exclude"))
+
+
+@pytest.mark.parametrize("numbers", [(0, 2), (1,), (0, 0, 1)])
+def test_camera_and_gripper_numbers_must_run_from_0_in_order(numbers) -> None:
+    for name in ("cameras", "grippers"):
+        with pytest.raises(ValueError, match=rf"{name}=\[.*\]: keep {name} 0 to n in order"):
+            ConvertConfig(**{name: numbers})

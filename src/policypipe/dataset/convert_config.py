@@ -53,10 +53,12 @@ class ConvertConfig:
         for name in ("grippers", "cameras"):
             numbers = tuple(getattr(self, name))
             object.__setattr__(self, name, numbers)
-            if not numbers or numbers[0] != 0 or list(numbers) != sorted(set(numbers)):
+            # Consecutive from 0: the policy numbers its cameras and grippers by position, so a
+            # dataset that skips one (cameras [0, 2]) would feed one camera's frames as another's.
+            if list(numbers) != list(range(len(numbers))):
                 raise ValueError(
-                    f"{name}={list(numbers)}: list the numbers in increasing order, from 0 "
-                    f"(gripper 0 and camera 0 are always kept), e.g. [0] or [0, 1]"
+                    f"{name}={list(numbers)}: keep {name} 0 to n in order, e.g. [0] or [0, 1, 2] "
+                    f"(gripper 0 and camera 0 are always kept; a dataset that skips one is not supported yet)"
                 )
         if not 0 < self.max_camera_offset_ms <= 1000:
             raise ValueError(f"max_camera_offset_ms must be in (0, 1000], got {self.max_camera_offset_ms}")

@@ -620,10 +620,10 @@ def _other_camera(
         if config.on_missing_camera == "exclude":
             raise RecordingError(
                 "missing_camera",
-                f"{name} has no messages (topics {' or '.join(config.topics.camera_candidates(k))}); "
+                f"{name} has no readable frame (topics {' or '.join(config.topics.camera_candidates(k))}); "
                 "convert.on_missing_camera: mask keeps such recordings with the camera marked absent",
             )
-        warnings.append(f"{name} absent from the recording: every row marks it missing")
+        warnings.append(f"{name} has no readable frame in the recording: every row marks it missing")
         return CameraEpisode(
             rgb=np.zeros((n, h, w, 3), np.uint8),
             offset_ns=np.zeros(n, np.int64),

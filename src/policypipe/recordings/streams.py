@@ -314,15 +314,17 @@ class _Reading:
         for (kind, index), candidates in self.candidates.items():
             chosen[(kind, index)], warning = self._choose(stream_name(kind, index), candidates, lost_by_topic)
             warnings.extend(warning)
+        # A camera beyond camera 0 without a single readable frame (none written, or every one lost
+        # to damage or unreadable) is missing from the recording, for convert.on_missing_camera.
         missing_cameras = tuple(
             k
             for (kind, k), topic in chosen.items()
-            if kind == "camera" and k != 0 and not self._present(topic, lost_by_topic)
+            if kind == "camera" and k != 0 and not self.cameras[topic].ns
         )
-        stream_topic = {
+        stream_topic = {  # what the report counts losses of: every stream the file has
             stream_name(kind, index): topic
             for (kind, index), topic in chosen.items()
-            if not (kind == "camera" and index in missing_cameras)
+            if kind != "camera" or index == 0 or self._present(topic, lost_by_topic)
         }
         lost = {name: lost_by_topic[t] for name, t in stream_topic.items() if lost_by_topic[t]}
         damage = self._damage_lines(stream_topic)
