@@ -82,6 +82,8 @@ def main() -> None:
     for side in (side for side in ("test", "validation") if side in report):
         label = "headline" if side == report["headline"] else "chose the settings"
         print(f"{side} ({label}): {side_summary(report[side])}")
+        for gripper, alone in report[side].get("per_gripper", {}).items():  # several grippers: each alone
+            print(f"  {gripper}: {side_summary(alone)}")
     if "no_test_side" in report:
         print(f"note: {report['no_test_side']}")
     print(f"done in {time.monotonic() - started:.0f} s")

@@ -43,9 +43,17 @@ def main() -> None:
     started = time.monotonic()
     with StageRun("rollout", params={"rollout": asdict(config)}) as run:
         try:
-            RuntimeSpec.read(args.policy)  # an export without its runtime spec: say so before the workers
+            spec = RuntimeSpec.read(
+                args.policy
+            )  # an export without its runtime spec: say so before the workers
         except (OSError, ValueError) as exc:
             fail(f"{exc}; rebuild it with `dvc repro train` (or `dvc pull`)")
+        if spec.grippers != (0,) or spec.cameras != (0,):
+            fail(
+                f"{args.policy} drives grippers {list(spec.grippers)} with cameras {list(spec.cameras)}: the "
+                "rollout simulator has one gripper and its wrist camera so far; roll out a policy trained "
+                "with convert.grippers: [0] and convert.cameras: [0]"
+            )
         try:
             stats = json.loads(args.stats.read_text())
             demonstrations = training_demonstrations(args.dataset, stats)

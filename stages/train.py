@@ -69,18 +69,16 @@ def main() -> None:
     except (ConfigError, submit.SlurmError) as exc:
         fail(str(exc))
     attrs = zarr.open_group(args.dataset, mode="r").attrs
+    if attrs.get(layout.ATTRS_FORMAT) != layout.FORMAT_VERSION:
+        fail(
+            f"{args.dataset} has dataset format {attrs.get(layout.ATTRS_FORMAT)}, this version trains on "
+            f"format {layout.FORMAT_VERSION}: rebuild it with `dvc repro convert`"
+        )
     image_size = tuple(attrs[layout.ATTRS_IMAGE_SIZE])
     if image_size != config.model.image_size:
         fail(
             f"train.model.image_size {list(config.model.image_size)} differs from "
             f"the dataset's {list(image_size)}: set it to the dataset's (convert.image_size)"
-        )
-    if attrs[layout.ATTRS_GRIPPERS] != [0] or attrs[layout.ATTRS_CAMERAS] != [0]:
-        fail(
-            f"{args.dataset} keeps grippers {attrs[layout.ATTRS_GRIPPERS]} and cameras "
-            f"{attrs[layout.ATTRS_CAMERAS]}: the train stage exports a policy for the runtime, which runs "
-            "one gripper and one camera so far. `policypipe smoke` trains on this dataset meanwhile; "
-            "for the pipeline, convert with convert.grippers: [0] and convert.cameras: [0]"
         )
 
     rank = int(os.environ.get("RANK", "0"))

@@ -212,3 +212,20 @@ def test_trailing_spacing_refuses_a_step_count_that_would_sample_at_the_wrong_no
         ValueError, match=r"num_inference_steps 16 must divide num_train_timesteps 100.*10, 20, 25"
     ):
         replace(TINY, timestep_spacing="trailing", num_train_timesteps=100, num_inference_steps=16)
+
+
+def test_each_cameras_image_statistics_reach_its_own_normalizer_past_ten_cameras() -> None:
+    """The statistics file sorts its keys as text, camera10 before camera1: the policy orders them
+    by camera number."""
+    stats = fake_stats()
+    stats["image"] = {
+        key: {"mean": [k / 100] * 3, "std": [0.2] * 3}
+        for key, k in sorted((f"data/camera{k}_rgb", k) for k in range(12))
+    }
+    assert list(stats["image"])[:3] == ["data/camera0_rgb", "data/camera10_rgb", "data/camera11_rgb"]
+    policy = DiffusionPolicy(replace(TINY, cameras=12, shared_camera_encoder=True))
+    policy.fit_normalizers(stats)
+    means = [policy.image_normalizer.mean[0].item()] + [
+        n.mean[0].item() for n in policy.camera_image_normalizers
+    ]
+    assert means == pytest.approx([k / 100 for k in range(12)])

@@ -10,6 +10,7 @@ hand-written robot-side loop makes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -17,7 +18,8 @@ from scipy.spatial.transform import Rotation
 
 from policypipe.dataset.windows import relative_poses, rot6d_to_matrix
 from policypipe.rollout.episode import RolloutConfig, rollout_scene, run_episode
-from policypipe.runtime.runner import ActionChunk, PolicyRunner
+from policypipe.runtime.chunk import ActionChunk, GripperTargets
+from policypipe.runtime.runner import PolicyRunner
 from tests.runtime.test_runner import pipeline  # noqa: F401 (a fixture)
 
 SEEDS = range(4)
@@ -32,25 +34,28 @@ class DemonstrationAsPolicy(PolicyRunner):
         self.chunks: list[np.ndarray] = []
 
     def act(self, observation, now_ns=None, seed=None, episode_start_ns=None) -> ActionChunk:
-        _, t, (p_t, r_t, w_t) = self.prepare(observation, episode_start_ns)
+        _, t, anchors = self.prepare(observation, episode_start_ns)
+        p_t, r_t, w_t = anchors[0].position, anchors[0].rotation, anchors[0].width
         times = t + self.action_offsets_ns
         position, quaternion = self.plan.pose_at(times)
         rotation = Rotation.from_quat(quaternion).as_matrix()
         pose = relative_poses(p_t[None], r_t[None], position[None], rotation[None])[0]
         relative = np.concatenate([pose, (self.plan.width_at(times) - w_t)[:, None]], axis=1)
         self.chunks.append(relative)
-        return self.compose(relative, t, p_t, r_t, w_t, now_ns)
+        return self.compose(relative, t, anchors, now_ns)
 
 
 class ComposedInTheWorldFrame(DemonstrationAsPolicy):
     """The same relative chunks, composed as if the deltas were in the world frame."""
 
-    def compose(self, relative, t, p_t, r_t, w_t, now_ns) -> ActionChunk:
-        right = super().compose(relative, t, p_t, r_t, w_t, now_ns)
+    def compose(self, relative, t, anchors, now_ns) -> ActionChunk:
+        right = super().compose(relative, t, anchors, now_ns)
+        p_t, r_t = anchors[0].position, anchors[0].rotation
         position = p_t + relative[:, :3]
         rotation = rot6d_to_matrix(relative[:, 3:9]) @ r_t
         quaternion = Rotation.from_matrix(rotation).as_quat()
-        return ActionChunk(**{**right.__dict__, "position": position, "quaternion": quaternion})
+        wrong = GripperTargets(position, quaternion, right.width)
+        return dataclasses.replace(right, grippers={0: wrong})
 
 
 def test_a_chunk_composed_in_the_wrong_frame_fails_in_closed_loop_with_the_same_offline_output(

@@ -28,7 +28,7 @@ from policypipe.recordings.layout import Role
 from policypipe.recordings.pairing import PairConfig, pair_export
 from policypipe.recordings.streams import read_streams
 from policypipe.runtime.observation import Observation, ObservationError
-from policypipe.runtime.runner import PolicyRunner
+from policypipe.runtime.runner import GripperAnchor, PolicyRunner
 from policypipe.runtime.spec import RuntimeSpec, spec_of_training
 from policypipe.synthetic.export import SampleConfig, write_sample_export
 from tests.training.conftest import MODEL
@@ -203,9 +203,8 @@ def test_steps_already_past_are_marked_and_not_executed(pipeline: Pipeline) -> N
 def test_the_width_target_stays_within_the_training_openings(pipeline: Pipeline) -> None:
     runner = PolicyRunner.load(pipeline.policy)
     lo, hi = runner.spec.width_range_m
-    chunk = runner.compose(
-        np.tile([0, 0, 0, 1, 0, 0, 0, 1, 0, 0.5], (WINDOW.horizon, 1)), 0, np.zeros(3), np.eye(3), hi, None
-    )
+    anchor = {0: GripperAnchor(np.zeros(3), np.eye(3), hi)}
+    chunk = runner.compose(np.tile([0, 0, 0, 1, 0, 0, 0, 1, 0, 0.5], (WINDOW.horizon, 1)), 0, anchor, None)
     assert (chunk.width == hi).all() and lo < hi
 
 
@@ -221,7 +220,7 @@ def good_observation(pipeline: Pipeline) -> dict:
         pipeline, episode, int(collect_samples(pipeline.store, [episode], WINDOW, 5).anchors[2])
     )
     obs = robot_observation(pipeline.recordings[episode], t)
-    return {f.name: getattr(obs, f.name) for f in dataclasses.fields(obs)}
+    return obs.fields()
 
 
 @pytest.mark.parametrize(

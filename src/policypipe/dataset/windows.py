@@ -134,6 +134,32 @@ def observation_names(grippers: int) -> list[str]:
     return own + cross
 
 
+def gripper_features(
+    sampled: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n_obs_steps: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A window's numbers from every gripper's poses and widths at its observation times, then its
+    action times: per gripper positions (M, K, 3), rotation matrices (M, K, 3, 3) and widths (M, K),
+    step n_obs_steps - 1 the anchor. Returns obs_pose (M, O, 9 G^2), obs_width (M, O, G) and action
+    (M, K - O, 10 G), as `Windows` holds them (and the runtime computes them from a robot's samples)."""
+    o = n_obs_steps
+    own, cross, widths, actions = [], [], [], []
+    for i, (pos, rot, width) in enumerate(sampled):
+        rel = relative_poses(pos[:, o - 1], rot[:, o - 1], pos, rot)
+        own.append(rel[:, :o])
+        widths.append(width[:, :o, None])
+        actions.append(np.concatenate([rel[:, o:], (width[:, o:] - width[:, o - 1 : o])[..., None]], axis=-1))
+        for j, (pos_j, rot_j, _) in enumerate(sampled):
+            if j != i:  # gripper j in gripper i's anchor frame
+                cross.append(relative_poses(pos[:, o - 1], rot[:, o - 1], pos_j[:, :o], rot_j[:, :o]))
+    if len(sampled) == 1:  # one gripper: its arrays as they are, no copy
+        return own[0], widths[0], actions[0]
+    return (
+        np.concatenate(own + cross, axis=-1),
+        np.concatenate(widths, axis=-1),
+        np.concatenate(actions, axis=-1),
+    )
+
+
 @dataclass(frozen=True)
 class GripperSamples:
     """One gripper's recorded pose and width samples, on each episode's own clock, with their
@@ -166,17 +192,6 @@ class _Track:
             self.pose_time,
             np.asarray(self.samples.pose_pos, np.float64),
             Rotation.from_rotvec(self.samples.pose_rotvec),
-        )
-
-
-def require_one_gripper_and_camera(root: zarr.Group, what: str) -> None:
-    """Refuses a dataset of several grippers or cameras for `what` (built for one of each so far),
-    rather than let it use gripper 0 and camera 0 alone and hide the others."""
-    grippers, cameras = root.attrs.get(layout.ATTRS_GRIPPERS), root.attrs.get(layout.ATTRS_CAMERAS)
-    if grippers != [0] or cameras != [0]:
-        raise ValueError(
-            f"dataset {root.store} keeps grippers {grippers} and cameras {cameras}: {what} reads one "
-            "gripper and one camera so far; convert it with convert.grippers: [0] and convert.cameras: [0]"
         )
 
 
@@ -343,26 +358,9 @@ class EpisodeStreams:
         )
         times = self._clamped(anchors, offsets)
         sampled = [self._sample(track, times) for track in self.tracks]  # per gripper (M, O + H, ...)
-        o = window.n_obs_steps  # observation step o - 1 is the anchor itself
-        own, cross, widths, actions = [], [], [], []
-        for i, (pos, rot, width) in enumerate(sampled):
-            rel = relative_poses(pos[:, o - 1], rot[:, o - 1], pos, rot)
-            own.append(rel[:, :o])
-            widths.append(width[:, :o, None])
-            actions.append(
-                np.concatenate([rel[:, o:], (width[:, o:] - width[:, o - 1 : o])[..., None]], axis=-1)
-            )
-            for j, (pos_j, rot_j, _) in enumerate(sampled):
-                if j != i:  # gripper j in gripper i's anchor frame
-                    cross.append(relative_poses(pos[:, o - 1], rot[:, o - 1], pos_j[:, :o], rot_j[:, :o]))
+        obs_pose, obs_width, action = gripper_features(sampled, window.n_obs_steps)
         frames, _ = self.observation_frames(anchors, window)
-        one = len(sampled) == 1  # one gripper: its arrays as they are, no copy
-        return Windows(
-            obs_pose=own[0] if one else np.concatenate(own + cross, axis=-1),
-            obs_width=widths[0] if one else np.concatenate(widths, axis=-1),
-            obs_frames=frames,
-            action=actions[0] if one else np.concatenate(actions, axis=-1),
-        )
+        return Windows(obs_pose=obs_pose, obs_width=obs_width, obs_frames=frames, action=action)
 
     @staticmethod
     def _sample(track: _Track, times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -25,6 +25,22 @@ def chunk_errors(predicted: np.ndarray, recorded: np.ndarray) -> dict[str, np.nd
     return {"position_mm": position, "rotation_deg": rotation, "width_mm": width}
 
 
+def gripper_chunks(chunk: np.ndarray) -> list[np.ndarray]:
+    """(..., 10 G) -> G views (..., 10): each gripper's relative pose and width change."""
+    if chunk.shape[-1] % 10:
+        raise ValueError(f"a chunk has 10 numbers per gripper, got {chunk.shape[-1]}")
+    return [chunk[..., 10 * g : 10 * (g + 1)] for g in range(chunk.shape[-1] // 10)]
+
+
+def whole_errors(predicted: np.ndarray, recorded: np.ndarray) -> dict[str, np.ndarray]:
+    """`chunk_errors` of chunks of G grippers (..., 10 G): each component averaged over the grippers
+    (one gripper: its own errors)."""
+    per_gripper = [chunk_errors(p, r) for p, r in zip(gripper_chunks(predicted), gripper_chunks(recorded))]
+    if len(per_gripper) == 1:
+        return per_gripper[0]
+    return {c: np.mean([e[c] for e in per_gripper], axis=0) for c in per_gripper[0]}
+
+
 def summarize(errors: np.ndarray, n_action_steps: int) -> dict[str, Any]:
     """Mean, median and p90 over the executed steps and over the whole horizon; mean per step."""
 
@@ -43,21 +59,24 @@ def summarize(errors: np.ndarray, n_action_steps: int) -> dict[str, Any]:
     }
 
 
-def hold_still(samples: int, horizon: int) -> np.ndarray:
-    """(N, H, 10): the current pose and width kept (identity relative pose, no width change)."""
-    chunk = np.zeros((samples, horizon, 10))
+def hold_still(samples: int, horizon: int, grippers: int = 1) -> np.ndarray:
+    """(N, H, 10 G): the current poses and widths kept (identity relative pose, no width change)."""
+    chunk = np.zeros((samples, horizon, grippers, 10))
     chunk[..., 3] = 1.0  # first rotation column (1, 0, 0)
     chunk[..., 7] = 1.0  # second rotation column (0, 1, 0)
-    return chunk
+    return chunk.reshape(samples, horizon, 10 * grippers)
 
 
 def mean_pairwise_distance_mm(samples: np.ndarray, n_action_steps: int) -> float:
     """Spread of K samples for one observation: mean pairwise distance of their executed
-    position trajectories, (K, H, 10) -> mm."""
-    pos = samples[:, :n_action_steps, :3]
-    k = len(pos)
-    d = [np.linalg.norm(pos[i] - pos[j], axis=-1).mean() for i in range(k) for j in range(i + 1, k)]
-    return float(1000 * np.mean(d)) if d else 0.0
+    position trajectories, (K, H, 10 G) -> mm, averaged over the grippers."""
+    spreads = []
+    for chunk in gripper_chunks(samples):
+        pos = chunk[:, :n_action_steps, :3]
+        k = len(pos)
+        d = [np.linalg.norm(pos[i] - pos[j], axis=-1).mean() for i in range(k) for j in range(i + 1, k)]
+        spreads.append(float(1000 * np.mean(d)) if d else 0.0)
+    return float(np.mean(spreads)) if len(spreads) > 1 else spreads[0]
 
 
 def bootstrap_mean_ci(
@@ -287,8 +306,12 @@ def moving_samples(
     executed step; width: the recorded width changes by more than `width_mm` from the current
     one at some executed step. Where it does not, holding still is nearly exact, and a mean over
     all samples mixes the two regimes.
+
+    With several grippers (..., 10 G), a sample moves where any gripper does.
     """
-    executed = recorded[:, :n_action_steps]
-    displacement = 1000 * np.linalg.norm(executed[..., :3], axis=-1).max(axis=1)
-    width_change = 1000 * np.abs(executed[..., 9]).max(axis=1)
-    return {"position_mm": displacement > position_mm, "width_mm": width_change > width_mm}
+    moving = {"position_mm": np.zeros(len(recorded), bool), "width_mm": np.zeros(len(recorded), bool)}
+    for chunk in gripper_chunks(recorded):
+        executed = chunk[:, :n_action_steps]
+        moving["position_mm"] |= 1000 * np.linalg.norm(executed[..., :3], axis=-1).max(axis=1) > position_mm
+        moving["width_mm"] |= 1000 * np.abs(executed[..., 9]).max(axis=1) > width_mm
+    return moving

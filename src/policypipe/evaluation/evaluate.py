@@ -24,6 +24,7 @@ exception propagates: a bug must fail the evaluation, not shrink it.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from policypipe.dataset import layout
 from policypipe.dataset.windows import WindowConfig
 from policypipe.evaluation.errors import (
     CI_METHOD,
@@ -40,11 +42,13 @@ from policypipe.evaluation.errors import (
     constant_velocity,
     difference_summary,
     foreign_episode_partners,
+    gripper_chunks,
     hold_still,
     mean_pairwise_distance_mm,
     moving_samples,
     seeds_summary,
     summarize,
+    whole_errors,
 )
 from policypipe.evaluation.nearest_neighbour import NearestNeighbourConfig, NearestNeighbourIndex
 from policypipe.evaluation.samples import Samples, collect_samples, mean_motion
@@ -56,6 +60,9 @@ COMPONENTS = ("position_mm", "rotation_deg", "width_mm")
 BASELINES = ("hold_still", "mean_motion", "constant_velocity", "nearest_neighbour")
 ABLATION_OTHER_EPISODES = "camera_ablation_other_episodes"
 ABLATION_CONSTANT_IMAGE = "camera_ablation_constant_image"
+ABLATION_ABSENT = "camera_ablation_absent"  # camera k >= 1 only
+# An ablation's chunk name: its kind, and for camera k >= 1 the camera.
+ABLATION_NAME = re.compile(r"^camera_ablation_(other_episodes|constant_image|absent)(?:_camera([0-9]+))?$")
 
 
 @dataclass(frozen=True)
@@ -119,10 +126,10 @@ def predict(
     return np.concatenate(out)
 
 
-def training_width_range(stats: dict[str, Any]) -> tuple[float, float] | None:
-    """(min, max) gripper width of the training episodes, from the statistics (None if absent)."""
+def training_width_ranges(stats: dict[str, Any]) -> list[tuple[float, float]] | None:
+    """Per gripper, (min, max) width of the training episodes, from the statistics (None if absent)."""
     width = stats.get("lowdim", {}).get("obs.gripper_width")
-    return (float(width["min"][0]), float(width["max"][0])) if width else None
+    return [(float(lo), float(hi)) for lo, hi in zip(width["min"], width["max"])] if width else None
 
 
 @dataclass(frozen=True)
@@ -130,41 +137,51 @@ class Baselines:
     """The learning-free baselines, built once from the training episodes for every side."""
 
     window: WindowConfig
-    mean_motion: np.ndarray  # (T, 10)
-    width_range: tuple[float, float] | None
+    mean_motion: np.ndarray  # (T, 10 G)
+    width_ranges: list[tuple[float, float]] | None  # per gripper
     nearest_neighbour: NearestNeighbourIndex
 
     @classmethod
     def build(cls, store: Path, stats: dict[str, Any], window: WindowConfig, config: EvalConfig) -> Baselines:
         train = stats["split"]["train"]
-        width_range = training_width_range(stats)
-        if width_range is None and window.n_obs_steps >= 2:
+        width_ranges = training_width_ranges(stats)
+        if width_ranges is None and window.n_obs_steps >= 2:
             log.warning(
                 "the statistics hold no training width range: constant velocity's width is not clipped"
             )
         return cls(
             window,
             mean_motion(store, train, window),
-            width_range,
+            width_ranges,
             NearestNeighbourIndex.build(store, train, window, config.nearest_neighbour()),
         )
 
     def chunks(self, samples: Samples) -> tuple[dict[str, np.ndarray], dict[str, str], float]:
-        """The baselines' chunks (N, T, 10) on the samples, {name: why} for those that cannot be
-        made, and the nearest neighbour's search seconds."""
+        """The baselines' chunks (N, T, 10 G) on the samples, {name: why} for those that cannot be
+        made, and the nearest neighbour's search seconds. Each gripper's constant velocity
+        continues its own motion; the nearest neighbour's windows are found by every gripper's
+        poses and widths and camera 0's frame."""
         window = self.window
         obs_pose, obs_width = (
             samples.batch["obs_pose"].double().numpy(),
             samples.batch["obs_width"].double().numpy(),
         )
+        grippers = obs_width.shape[-1]
         chunks = {
-            "hold_still": hold_still(len(samples), window.horizon),
-            "mean_motion": np.broadcast_to(self.mean_motion, (len(samples), window.horizon, 10)),
+            "hold_still": hold_still(len(samples), window.horizon, grippers),
+            "mean_motion": np.broadcast_to(self.mean_motion, (len(samples), *self.mean_motion.shape)),
         }
         omitted = {}
         if window.n_obs_steps >= 2:
-            chunks["constant_velocity"] = constant_velocity(
-                obs_pose, obs_width, window.horizon, self.width_range
+            ranges = self.width_ranges or [None] * grippers
+            chunks["constant_velocity"] = np.concatenate(
+                [  # gripper g's own poses come first in obs_pose (`observation_names`)
+                    constant_velocity(
+                        obs_pose[..., 9 * g : 9 * g + 9], obs_width[..., g : g + 1], window.horizon, ranges[g]
+                    )
+                    for g in range(grippers)
+                ],
+                axis=-1,
             )
         else:
             omitted["constant_velocity"] = (
@@ -195,16 +212,49 @@ def other_episode_images(samples: Samples, seed: int) -> torch.Tensor | None:
     return samples.batch["obs_images"][torch.from_numpy(foreign_episode_partners(samples.episodes, seed))]
 
 
-def constant_images(samples: Samples, stats: dict[str, Any]) -> torch.Tensor:
-    """The training frames' mean colour in place of every frame, as a broadcast view."""
-    (image_stats,) = stats["image"].values()
+def constant_images(samples: Samples, stats: dict[str, Any], camera: int = 0) -> torch.Tensor:
+    """Camera `camera`'s training frames' mean colour in place of its every frame, as a broadcast view."""
+    image_stats = stats["image"][layout.camera_rgb(camera)]
     grey = torch.tensor([round(255 * m) for m in image_stats["mean"]], dtype=torch.uint8)
-    return grey.expand_as(samples.batch["obs_images"])
+    return grey.expand_as(samples.batch[image_key(camera)])
+
+
+def image_key(camera: int) -> str:
+    return "obs_images" if camera == 0 else f"obs_images_camera{camera}"
+
+
+def camera_ablations(
+    samples: Samples, stats: dict[str, Any], seed: int
+) -> dict[str, dict[str, torch.Tensor]]:
+    """{ablation name: the batch's entries it replaces}, per camera: its frames from a sample of
+    another episode (with that sample's validity, for camera k >= 1), a constant image, and for
+    camera k >= 1 absent (every step masked: the policy's learned absent embedding). Camera 0's
+    keep the names of a one-camera policy's ablations."""
+    cameras = [0] + sorted(
+        int(k.removeprefix("obs_images_camera")) for k in samples.batch if k.startswith("obs_images_camera")
+    )
+    partners = (
+        torch.from_numpy(foreign_episode_partners(samples.episodes, seed))
+        if len(set(samples.episodes.tolist())) >= 2
+        else None
+    )
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for k in cameras:
+        suffix = "" if k == 0 else f"_camera{k}"
+        images, valid = image_key(k), f"obs_valid_camera{k}"
+        if partners is not None:
+            out[ABLATION_OTHER_EPISODES + suffix] = {images: samples.batch[images][partners]} | (
+                {valid: samples.batch[valid][partners]} if k else {}
+            )
+        out[ABLATION_CONSTANT_IMAGE + suffix] = {images: constant_images(samples, stats, k)}
+        if k:
+            out[ABLATION_ABSENT + suffix] = {valid: torch.zeros_like(samples.batch[valid])}
+    return out
 
 
 def executed_errors(chunk: np.ndarray, recorded: np.ndarray, n_action_steps: int) -> dict[str, np.ndarray]:
-    """Per sample (N,): each component's error averaged over the executed steps."""
-    errs = chunk_errors(chunk, recorded)
+    """Per sample (N,): each component's error averaged over the executed steps (and the grippers)."""
+    errs = whole_errors(chunk, recorded)
     return {c: errs[c][:, :n_action_steps].mean(axis=1) for c in COMPONENTS}
 
 
@@ -249,7 +299,10 @@ def evaluate_side(
     baselines: Baselines,
     config: EvalConfig,
 ) -> dict[str, Any]:
-    """One held-out side: the policy, the baselines and the ablations on its samples."""
+    """One held-out side: the policy, the baselines and the ablations on its samples.
+
+    With several grippers, the report's numbers are over the grippers as a whole (each error the
+    mean of the grippers'), and `per_gripper` holds the same report for each gripper alone."""
     pc = policy.config
     samples = collect_samples(store, episodes, baselines.window, config.stride)
     recorded = samples.batch["action"].double().numpy()
@@ -258,24 +311,57 @@ def evaluate_side(
     chunks = {"policy": predict(policy, samples.batch, config.batch_size, config.seed)}
     baseline_chunks, omitted, search_s = baselines.chunks(samples)
     chunks |= baseline_chunks
-    other = other_episode_images(samples, config.seed)
-    if other is None:
+    ablations = camera_ablations(samples, stats, config.seed)
+    if ABLATION_OTHER_EPISODES not in ablations:
         omitted[ABLATION_OTHER_EPISODES] = "needs at least 2 episodes on this side"
-    else:
-        chunks[ABLATION_OTHER_EPISODES] = predict(
-            policy, samples.batch | {"obs_images": other}, config.batch_size, config.seed
-        )
-    chunks[ABLATION_CONSTANT_IMAGE] = predict(
-        policy,
-        samples.batch | {"obs_images": constant_images(samples, stats)},
-        config.batch_size,
-        config.seed,
-    )
+    for name, replaced in ablations.items():
+        chunks[name] = predict(policy, samples.batch | replaced, config.batch_size, config.seed)
     for name, why in omitted.items():
         log.warning("%s omitted: %s", name, why)
-    errors = {name: chunk_errors(chunk, recorded) for name, chunk in chunks.items()}
-    executed = {name: executed_errors(chunk, recorded, pc.n_action_steps) for name, chunk in chunks.items()}
+    spread = _spread(policy, samples, config)
 
+    def side_report(errors: dict[str, dict[str, np.ndarray]], recorded: np.ndarray, spread_mm: float):
+        return _side_report(
+            errors, recorded, samples, list(baseline_chunks), spread_mm, pc.n_action_steps, config
+        )
+
+    report, per_step = side_report(
+        {name: whole_errors(chunk, recorded) for name, chunk in chunks.items()},
+        recorded,
+        float(np.mean(spread)),
+    )
+    if pc.grippers > 1:
+        report["per_gripper"] = {}
+        for g, recorded_g in enumerate(gripper_chunks(recorded)):
+            errors = {
+                name: chunk_errors(gripper_chunks(chunk)[g], recorded_g) for name, chunk in chunks.items()
+            }
+            report["per_gripper"][f"robot{g}"], _ = side_report(errors, recorded_g, spread[g])
+    report["omitted"] = omitted
+    report["skipped"] = samples.skipped
+    return {
+        "report": report,
+        "per_step_position_mm": per_step,
+        "samples": samples,
+        "chunks": chunks,
+        "search_s": search_s,
+    }
+
+
+def _side_report(
+    errors: dict[str, dict[str, np.ndarray]],
+    recorded: np.ndarray,
+    samples: Samples,
+    baseline_names: list[str],
+    spread_mm: float,
+    n_action_steps: int,
+    config: EvalConfig,
+) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    """The report of one side from every chunk's errors {name: {component: (N, T)}} (the policy,
+    the baselines, the camera ablations), and its per-step position errors."""
+    executed = {
+        name: {c: e[c][:, :n_action_steps].mean(axis=1) for c in COMPONENTS} for name, e in errors.items()
+    }
     report: dict[str, Any] = {
         "samples": len(samples),
         "episodes": len(set(samples.episodes.tolist())),
@@ -283,21 +369,22 @@ def evaluate_side(
     }
     per_step = []
     for name, errs in errors.items():
-        summaries = {c: summarize(errs[c], pc.n_action_steps) for c in COMPONENTS}
+        summaries = {c: summarize(errs[c], n_action_steps) for c in COMPONENTS}
         report[name] = {c: {k: v for k, v in s.items() if k != "per_step_mean"} for c, s in summaries.items()}
         for h, value in enumerate(summaries["position_mm"]["per_step_mean"]):
             if len(per_step) <= h:
                 per_step.append({"step": h + 1})
             per_step[h][name] = value
-    for baseline in baseline_chunks:
+    for baseline in baseline_names:
         report[f"ratio_to_{baseline}"] = {
             c: report["policy"][c]["executed"]["mean"] / max(report[baseline][c]["executed"]["mean"], 1e-12)
             for c in COMPONENTS
         }
+    other = executed.get(ABLATION_OTHER_EPISODES)
     summary = seeds_summary(
         {c: executed["policy"][c][None] for c in COMPONENTS},
-        {c: executed[ABLATION_OTHER_EPISODES][c][None] for c in COMPONENTS} if other is not None else None,
-        {b: executed[b] for b in baseline_chunks},
+        {c: other[c][None] for c in COMPONENTS} if other is not None else None,
+        {b: executed[b] for b in baseline_names},
         samples.episodes,
         config.seed,
         config.bootstrap_resamples,
@@ -311,33 +398,31 @@ def evaluate_side(
     report["policy_executed_ci95"] = {c: _low_high(summary[c]["policy"]["ci95"]) for c in COMPONENTS}
     report["ci_method"] = CI_METHOD
     report["ci_covers"] = ci_scope({"policy": 1}, report["episodes"])
-    # The other-episodes gap as `policypipe compare` reports it (same bootstrap); the constant
-    # image, which compare leaves out, by a paired bootstrap over the episodes and samples.
-    gaps = {}
+    # The other-episodes gap as `policypipe compare` reports it (same bootstrap); every other
+    # ablation, which compare leaves out, by a paired bootstrap over the episodes and samples.
+    gaps: dict[str, Any] = {}
     if other is not None:
         gap = summary["position_mm"]["camera_ablation_gap"]
         gaps["other_episodes"] = {"mean": gap["mean"]} | _low_high(gap["ci95"])
-    constant_gap = executed[ABLATION_CONSTANT_IMAGE]["position_mm"] - executed["policy"]["position_mm"]
-    gaps["constant_image"] = {"mean": float(constant_gap.mean())} | _low_high(
-        bootstrap_mean_ci(constant_gap, samples.episodes, config.seed, config.bootstrap_resamples)
-    )
+    for name in executed:
+        ablation = ABLATION_NAME.match(name)  # camera_ablation_absent_camera2: kind absent, camera 2
+        if ablation is None or name == ABLATION_OTHER_EPISODES:
+            continue
+        kind, camera = ablation[1], ablation[2]
+        gap = executed[name]["position_mm"] - executed["policy"]["position_mm"]
+        entry = {"mean": float(gap.mean())} | _low_high(
+            bootstrap_mean_ci(gap, samples.episodes, config.seed, config.bootstrap_resamples)
+        )
+        (gaps.setdefault(f"camera{camera}", {}) if camera else gaps)[kind] = entry
     report["camera_ablation_gap_position_mm"] = gaps
     report["moving_vs_still"] = moving_vs_still(
-        {name: executed[name] for name in ("policy", *baseline_chunks)},
-        moving_samples(recorded, pc.n_action_steps, config.moving_position_mm, config.moving_width_mm),
+        {name: executed[name] for name in ("policy", *baseline_names)},
+        moving_samples(recorded, n_action_steps, config.moving_position_mm, config.moving_width_mm),
         samples.episodes,
         config,
     )
-    report["spread_mm"] = _spread(policy, samples, config)
-    report["omitted"] = omitted
-    report["skipped"] = samples.skipped
-    return {
-        "report": report,
-        "per_step_position_mm": per_step,
-        "samples": samples,
-        "chunks": chunks,
-        "search_s": search_s,
-    }
+    report["spread_mm"] = spread_mm
+    return report, per_step
 
 
 def moving_vs_still(
@@ -386,7 +471,9 @@ def _low_high(ci: tuple[float, float] | list[float]) -> dict[str, float]:
     return {"ci95_low": float(ci[0]), "ci95_high": float(ci[1])}
 
 
-def _spread(policy: DiffusionPolicy, samples: Samples, config: EvalConfig) -> float:
+def _spread(policy: DiffusionPolicy, samples: Samples, config: EvalConfig) -> list[float]:
+    """Per gripper, the mean pairwise distance (mm) of several noise samples' executed positions,
+    over `spread_observations` observations."""
     picks = np.unique(
         np.linspace(0, len(samples) - 1, min(config.spread_observations, len(samples))).round().astype(int)
     )
@@ -397,8 +484,13 @@ def _spread(policy: DiffusionPolicy, samples: Samples, config: EvalConfig) -> fl
             for k, v in samples.batch.items()
         }
         draws = predict(policy, repeated, config.spread_samples, config.seed + 1 + int(i))
-        spreads.append(mean_pairwise_distance_mm(draws, policy.config.n_action_steps))
-    return float(np.mean(spreads))
+        spreads.append(
+            [
+                mean_pairwise_distance_mm(chunk, policy.config.n_action_steps)
+                for chunk in gripper_chunks(draws)
+            ]
+        )
+    return [float(np.mean([s[g] for s in spreads])) for g in range(policy.config.grippers)]
 
 
 def compare_policies(

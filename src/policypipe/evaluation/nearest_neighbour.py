@@ -29,7 +29,6 @@ from policypipe.dataset.frame_shards import FrameShardReader
 from policypipe.dataset.windows import (
     EpisodeStreams,
     WindowConfig,
-    require_one_gripper_and_camera,
     rot6d,
     rot6d_to_matrix,
 )
@@ -106,9 +105,10 @@ def nearest(train: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
 
 
 def average_chunks(chunks: np.ndarray) -> np.ndarray:
-    """(N, k, T, 10) -> (N, T, 10): the mean, its rotation projected back onto a rotation."""
+    """(N, k, T, 10 G) -> (N, T, 10 G): the mean, each gripper's rotation projected back onto a rotation."""
     mean = chunks.mean(axis=1)
-    mean[..., 3:9] = rot6d(rot6d_to_matrix(mean[..., 3:9]))
+    for g in range(mean.shape[-1] // 10):
+        mean[..., 10 * g + 3 : 10 * g + 9] = rot6d(rot6d_to_matrix(mean[..., 10 * g + 3 : 10 * g + 9]))
     return mean
 
 
@@ -123,7 +123,6 @@ def training_windows(
 ) -> TrainingWindows:
     """Every `train_stride`-th anchor of the training episodes, as features and chunks."""
     root = zarr.open_group(store, mode="r")
-    require_one_gripper_and_camera(root, "evaluation")
     streams = EpisodeStreams.from_store(root)
     anchors, _ = streams.anchors(episodes, window)
     w = streams.windows(anchors[:: config.train_stride], window)

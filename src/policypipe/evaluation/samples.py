@@ -15,14 +15,16 @@ import zarr
 
 from policypipe.dataset.frame_shards import UnreadableFrame
 from policypipe.dataset.window_dataset import WindowDataset
-from policypipe.dataset.windows import EpisodeStreams, WindowConfig, require_one_gripper_and_camera
+from policypipe.dataset.windows import EpisodeStreams, WindowConfig
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Samples:
-    batch: dict[str, torch.Tensor]  # obs_images (N, O, H, W, 3), obs_pose, obs_width, action (N, T, 10)
+    batch: dict[
+        str, torch.Tensor
+    ]  # WindowDataset's items stacked: obs_images (N, O, H, W, 3), ..., action (N, T, 10 G)
     episodes: np.ndarray  # (N,) episode index of each sample
     anchors: np.ndarray  # (N,) frame index of each sample
     skipped: list[dict[str, Any]]
@@ -37,7 +39,6 @@ def collect_samples(store: Path, episodes: list[int], window: WindowConfig, stri
     An episode with a frame that cannot be read (`UnreadableFrame`: damaged data) is skipped and
     counted; any other exception is a fault of the code or the setup, and is raised.
     """
-    require_one_gripper_and_camera(zarr.open_group(store, mode="r"), "evaluation")
     data = WindowDataset(store, episodes, window)
     items, owners, anchors, skipped = [], [], [], []
     for e in episodes:
@@ -58,13 +59,11 @@ def collect_samples(store: Path, episodes: list[int], window: WindowConfig, stri
 
 
 def mean_motion(store: Path, episodes: list[int], window: WindowConfig, block: int = 32768) -> np.ndarray:
-    """(T, 10): the training episodes' mean relative action chunk over their anchors (rotation
+    """(T, 10 G): the training episodes' mean relative action chunk over their anchors (rotation
     re-orthonormalised later)."""
-    root = zarr.open_group(store, mode="r")
-    require_one_gripper_and_camera(root, "evaluation")
-    streams = EpisodeStreams.from_store(root)
+    streams = EpisodeStreams.from_store(zarr.open_group(store, mode="r"))
     anchors, _ = streams.anchors(episodes, window)
-    total = np.zeros((window.horizon, 10))
+    total = np.zeros((window.horizon, 10 * streams.grippers))
     for s in range(0, len(anchors), block):
         total += streams.windows(anchors[s : s + block], window).action.sum(axis=0)
     return total / len(anchors)

@@ -99,7 +99,8 @@ class DiffusionPolicy(nn.Module):
             self.action_normalizer.fit(stats["lowdim"]["action_per_step"])
         else:
             self.action_normalizer.fit(stats["lowdim"]["action"])
-        image_stats = list(stats["image"].values())
+        # By camera number: the statistics file's keys are sorted as text (camera10 before camera2).
+        image_stats = [v for _, v in sorted(stats["image"].items(), key=lambda kv: _camera_number(kv[0]))]
         if len(image_stats) != self.config.cameras:
             raise ValueError(
                 f"the statistics have image statistics of {len(image_stats)} cameras, "
@@ -202,3 +203,11 @@ class DiffusionPolicy(nn.Module):
         if self.config.normalize_actions_per_step:
             return self.action_normalizer.unnormalize(normalized.flatten(-2)).view_as(normalized)
         return self.action_normalizer.unnormalize(normalized)
+
+
+def _camera_number(key: str) -> int:
+    """The camera of an image statistics key, `data/camera{k}_rgb` (`dataset.layout.camera_rgb`)."""
+    digits = key.rsplit("camera", 1)[-1].split("_", 1)[0]
+    if not digits.isdigit():
+        raise ValueError(f"image statistics key {key!r} names no camera: rerun `dvc repro stats`")
+    return int(digits)

@@ -6,6 +6,7 @@ robot's, as long as every stream uses it); poses are the gripper's in the world 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,15 +19,65 @@ class ObservationError(ValueError):
     """An observation the runner cannot act on; the message says what is wrong and what to send."""
 
 
+# A field of camera k >= 1 or gripper i >= 1: recording format 2's names (`camera{k}`, `robot{i}`).
+OTHER_FIELD = re.compile(
+    r"^(?:camera([0-9]+)_(frame_ns|frames)|robot([0-9]+)_(pose_ns|position|quaternion|width_ns|width))$"
+)
+CAMERA_FIELDS = ("frame_ns", "frames")
+GRIPPER_FIELDS = ("pose_ns", "position", "quaternion", "width_ns", "width")
+
+
 @dataclass(frozen=True)
-class Observation:
-    frame_ns: np.ndarray  # (F,) int64 capture times of the latest camera frames, increasing
+class CameraFrames:
+    frame_ns: np.ndarray  # (F,) int64 capture times of the camera's latest frames, increasing
     frames: np.ndarray  # (F, H, W, 3) uint8 RGB, the camera's own resolution
-    pose_ns: np.ndarray  # (P,) int64 times of the recent gripper poses, increasing
+
+
+@dataclass(frozen=True)
+class GripperState:
+    pose_ns: np.ndarray  # (P,) int64 times of the gripper's recent poses, increasing
     position: np.ndarray  # (P, 3) metres, world frame
     quaternion: np.ndarray  # (P, 4) x, y, z, w, world <- gripper
-    width_ns: np.ndarray  # (W,) int64 times of the recent gripper openings, increasing
+    width_ns: np.ndarray  # (W,) int64 times of its recent openings, increasing
     width: np.ndarray  # (W,) metres
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Every camera's latest frames and every gripper's recent samples, by their numbers (recording
+    format 2). Camera 0 and gripper 0 are always there: camera 0's latest frame is the time t the
+    policy acts at, and their fields keep recording format 1's names (`frame_ns`, `pose_ns`, ...)."""
+
+    cameras: dict[int, CameraFrames]
+    grippers: dict[int, GripperState]
+
+    @property
+    def frame_ns(self) -> np.ndarray:
+        return self.cameras[0].frame_ns
+
+    @property
+    def frames(self) -> np.ndarray:
+        return self.cameras[0].frames
+
+    @property
+    def pose_ns(self) -> np.ndarray:
+        return self.grippers[0].pose_ns
+
+    @property
+    def position(self) -> np.ndarray:
+        return self.grippers[0].position
+
+    @property
+    def quaternion(self) -> np.ndarray:
+        return self.grippers[0].quaternion
+
+    @property
+    def width_ns(self) -> np.ndarray:
+        return self.grippers[0].width_ns
+
+    @property
+    def width(self) -> np.ndarray:
+        return self.grippers[0].width
 
     @classmethod
     def checked(
@@ -38,36 +89,102 @@ class Observation:
         quaternion,
         width_ns,
         width,
+        **others,
     ) -> Observation:
-        """The observation with its arrays as the runner uses them, or ObservationError."""
-        frame_ns = _times(frame_ns, "frame_ns")
-        frames = np.asarray(frames)
-        if frames.dtype != np.uint8:
-            raise ObservationError(f"frames must be uint8 RGB, got {frames.dtype}")
-        if frames.ndim != 4 or frames.shape[-1] != 3:
-            hint = " (channels first? send (F, H, W, 3))" if frames.ndim == 4 and frames.shape[1] == 3 else ""
-            raise ObservationError(
-                f"frames must be (F, height, width, 3) RGB, got shape {frames.shape}{hint}"
-            )
-        if len(frames) != len(frame_ns):
-            raise ObservationError(f"{len(frames)} frames but {len(frame_ns)} frame_ns")
-        if min(frames.shape[1:3]) < 8:
-            raise ObservationError(
-                f"frames of {frames.shape[2]}x{frames.shape[1]} pixels: too small for a camera"
-            )
-        pose_ns = _times(pose_ns, "pose_ns")
-        position = _floats(position, "position", (len(pose_ns), 3))
-        quaternion = _floats(quaternion, "quaternion", (len(pose_ns), 4))
-        norm = np.linalg.norm(quaternion, axis=1)
-        if (off := np.abs(norm - 1) > QUATERNION_NORM_TOLERANCE).any():
-            i = int(np.flatnonzero(off)[0])
-            raise ObservationError(
-                f"quaternion {i} has norm {norm[i]:.6f}, not 1 (x, y, z, w, scalar last; "
-                f"{int(off.sum())} of {len(norm)} off by more than {QUATERNION_NORM_TOLERANCE})"
-            )
-        width_ns = _times(width_ns, "width_ns")
-        width = _floats(width, "width", (len(width_ns),))
-        return cls(frame_ns, np.ascontiguousarray(frames), pose_ns, position, quaternion, width_ns, width)
+        """The observation with its arrays as the runner uses them, or ObservationError.
+
+        Camera 0 and gripper 0 by their own names; camera k >= 1 as `camera{k}_frame_ns` and
+        `camera{k}_frames`, gripper i >= 1 as `robot{i}_pose_ns`, `robot{i}_position`, ... (the
+        names of `fields`)."""
+        cameras = {0: {"frame_ns": frame_ns, "frames": frames}}
+        grippers = {0: dict(zip(GRIPPER_FIELDS, (pose_ns, position, quaternion, width_ns, width)))}
+        for name, value in others.items():
+            match = OTHER_FIELD.match(name)
+            if match is None or (match[1] or match[3]).startswith("0"):  # camera 0: `frames`; no 01
+                raise ObservationError(
+                    f"unknown observation field {name[:60]!r}: camera 0 and gripper 0 are "
+                    f"{', '.join(CAMERA_FIELDS + GRIPPER_FIELDS)}; camera k >= 1 is camera{{k}}_frame_ns and "
+                    "camera{k}_frames, gripper i >= 1 robot{i}_pose_ns, robot{i}_position, "
+                    "robot{i}_quaternion, robot{i}_width_ns and robot{i}_width"
+                )
+            if match[1]:
+                cameras.setdefault(int(match[1]), {})[match[2]] = value
+            else:
+                grippers.setdefault(int(match[3]), {})[match[4]] = value
+        for k, parts in cameras.items():
+            if missing := [f"camera{k}_{f}" for f in CAMERA_FIELDS if f not in parts]:
+                raise ObservationError(f"camera {k} lacks {', '.join(missing)}: send both its fields")
+        for i, parts in grippers.items():
+            if missing := [f"robot{i}_{f}" for f in GRIPPER_FIELDS if f not in parts]:
+                raise ObservationError(f"gripper {i} lacks {', '.join(missing)}: send all five of its fields")
+        return cls(
+            cameras={k: _camera(k, **cameras[k]) for k in sorted(cameras)},
+            grippers={i: _gripper(i, **grippers[i]) for i in sorted(grippers)},
+        )
+
+    def fields(self) -> dict[str, np.ndarray]:
+        """The arrays by the names `checked` takes (and the server's protocol sends)."""
+        out: dict[str, np.ndarray] = {}
+        for k, camera in self.cameras.items():
+            out |= {_field_name("camera", k, f): getattr(camera, f) for f in CAMERA_FIELDS}
+        for i, gripper in self.grippers.items():
+            out |= {_field_name("robot", i, f): getattr(gripper, f) for f in GRIPPER_FIELDS}
+        return out
+
+
+def is_field_name(name: str) -> bool:
+    """Whether `name` is an observation field of some camera or gripper."""
+    return name in CAMERA_FIELDS or name in GRIPPER_FIELDS or OTHER_FIELD.match(name) is not None
+
+
+def field_names(grippers: list[int], cameras: list[int]) -> list[str]:
+    """The fields of an observation of these cameras and grippers, camera 0's and gripper 0's first."""
+    return [_field_name("camera", k, f) for k in cameras for f in CAMERA_FIELDS] + [
+        _field_name("robot", i, f) for i in grippers for f in GRIPPER_FIELDS
+    ]
+
+
+def _field_name(prefix: str, number: int, field: str) -> str:
+    return field if number == 0 else f"{prefix}{number}_{field}"
+
+
+def _camera(k: int, frame_ns, frames) -> CameraFrames:
+    frame_ns = _times(frame_ns, _field_name("camera", k, "frame_ns"))
+    name = _field_name("camera", k, "frames")
+    frames = np.asarray(frames)
+    if frames.dtype != np.uint8:
+        raise ObservationError(f"{name} must be uint8 RGB, got {frames.dtype}")
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+        hint = " (channels first? send (F, H, W, 3))" if frames.ndim == 4 and frames.shape[1] == 3 else ""
+        raise ObservationError(f"{name} must be (F, height, width, 3) RGB, got shape {frames.shape}{hint}")
+    if len(frames) != len(frame_ns):
+        raise ObservationError(
+            f"{len(frames)} {name} but {len(frame_ns)} {_field_name('camera', k, 'frame_ns')}"
+        )
+    if min(frames.shape[1:3]) < 8:
+        raise ObservationError(
+            f"{name} of {frames.shape[2]}x{frames.shape[1]} pixels: too small for a camera"
+        )
+    return CameraFrames(frame_ns, np.ascontiguousarray(frames))
+
+
+def _gripper(i: int, pose_ns, position, quaternion, width_ns, width) -> GripperState:
+    def name(field: str) -> str:
+        return _field_name("robot", i, field)
+
+    pose_ns = _times(pose_ns, name("pose_ns"))
+    position = _floats(position, name("position"), (len(pose_ns), 3))
+    quaternion = _floats(quaternion, name("quaternion"), (len(pose_ns), 4))
+    norm = np.linalg.norm(quaternion, axis=1)
+    if (off := np.abs(norm - 1) > QUATERNION_NORM_TOLERANCE).any():
+        j = int(np.flatnonzero(off)[0])
+        raise ObservationError(
+            f"{name('quaternion')} {j} has norm {norm[j]:.6f}, not 1 (x, y, z, w, scalar last; "
+            f"{int(off.sum())} of {len(norm)} off by more than {QUATERNION_NORM_TOLERANCE})"
+        )
+    width_ns = _times(width_ns, name("width_ns"))
+    width = _floats(width, name("width"), (len(width_ns),))
+    return GripperState(pose_ns, position, quaternion, width_ns, width)
 
 
 def _times(values, name: str) -> np.ndarray:

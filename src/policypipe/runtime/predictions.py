@@ -257,7 +257,14 @@ def _load_runner(folder: Path) -> PolicyRunner:
             f"policy folder {folder} not found: pass an exported policy (data/policy: `dvc repro train` "
             "or `dvc pull data/policy`)"
         )
-    return PolicyRunner.load(folder)  # a folder without runtime.json: its ValueError says what to do
+    runner = PolicyRunner.load(folder)  # a folder without runtime.json: its ValueError says what to do
+    if runner.spec.grippers != (0,) or runner.spec.cameras != (0,):
+        raise PredictionError(
+            f"policy {folder} drives grippers {list(runner.spec.grippers)} with cameras "
+            f"{list(runner.spec.cameras)}: predict replays one gripper and one camera so far; replay a "
+            "recording through `PolicyRunner.act` with every camera's and gripper's fields instead"
+        )
+    return runner
 
 
 def _read_recording(path: Path, topics: Topics) -> Streams:

@@ -4,10 +4,13 @@ It does what training did to make a sample (`dataset.windows`), on what a robot 
 latest frame's capture time and f the policy's step rate, observation step j is the frame nearest
 t - (n_obs_steps - 1 - j) / f, and the gripper pose and width interpolated there (the same
 interpolators as `convert`, never extrapolated); frames are resized and JPEG round-tripped as
-`convert` stored them; the pose features are relative to the pose at t. The policy samples a
-chunk of relative actions, which the runner composes onto the pose and width at t:
-step k is the target at t + (k + 1) / f, position p_t + R_t dp, rotation R_t GramSchmidt(r6),
-width w_t + dw clipped to the openings of the training episodes.
+`convert` stored them; the pose features are relative to the pose at t (each gripper's to its
+own, each other gripper's in its frame: `dataset.windows.gripper_features`). Camera k >= 1 gives
+each step its frame nearest camera 0's, absent beyond convert's max_camera_offset_ms, as
+`convert` chose them. The policy samples a chunk of relative actions, which the runner composes
+onto each gripper's pose and width at t: step k is the target at t + (k + 1) / f, position
+p_t + R_t dp, rotation R_t GramSchmidt(r6), width w_t + dw clipped to the openings of the
+training episodes.
 """
 
 from __future__ import annotations
@@ -21,28 +24,23 @@ from scipy.spatial.transform import Rotation
 
 from policypipe.dataset.episode import PoseInterpolator, interpolate_width, nearest_sample, resize_frame
 from policypipe.dataset.image_codec import decode_jpeg, encode_jpeg
-from policypipe.dataset.windows import relative_poses, rot6d_to_matrix
+from policypipe.dataset.windows import gripper_features, rot6d_to_matrix
 from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.policy.export import load_policy
-from policypipe.runtime.observation import Observation, ObservationError
+from policypipe.runtime.chunk import ActionChunk, GripperTargets
+from policypipe.runtime.observation import CameraFrames, GripperState, Observation, ObservationError
 from policypipe.runtime.spec import RuntimeSpec
 
 NS = 1_000_000_000
 
 
 @dataclass(frozen=True)
-class ActionChunk:
-    """A chunk of absolute targets, each with the time it is meant for."""
+class GripperAnchor:
+    """A gripper's pose and opening at t, onto which the policy's relative actions are composed."""
 
-    observation_ns: int  # t: the capture time of the latest frame the chunk was computed from
-    time_ns: np.ndarray  # (H,) int64 t + (k + 1) / f
-    position: np.ndarray  # (H, 3) metres, world frame
-    quaternion: np.ndarray  # (H, 4) x, y, z, w, world <- gripper
-    width: np.ndarray  # (H,) metres, within the training episodes' openings
-    # Which steps to execute: the first n_action_steps, less those already past at `now_ns`.
-    execute: np.ndarray  # (H,) bool
-    past: np.ndarray  # (H,) bool: time_ns <= now_ns (all False without a now_ns)
-    relative: np.ndarray  # (H, 10) the policy's output: relative pose (9) and width change (1)
+    position: np.ndarray  # (3,) metres, world frame
+    rotation: np.ndarray  # (3, 3) world <- gripper
+    width: float  # metres
 
 
 class PolicyRunner:
@@ -53,6 +51,11 @@ class PolicyRunner:
         if ours != theirs:
             raise ValueError(
                 f"the policy's windows and image size {ours} differ from its runtime spec's {theirs}"
+            )
+        if (config.grippers, config.cameras) != (len(spec.grippers), len(spec.cameras)):
+            raise ValueError(
+                f"the policy takes {config.grippers} grippers and {config.cameras} cameras, its runtime "
+                f"spec names grippers {list(spec.grippers)} and cameras {list(spec.cameras)}"
             )
         self.policy = policy.eval()
         self.spec = spec
@@ -85,16 +88,17 @@ class PolicyRunner:
         `episode_start_ns`, the first frame's capture time of the episode, lets the first calls
         act on less history: observation times before it are clamped to it, as training pads the
         start of an episode."""
-        batch, t, (p_t, r_t, w_t) = self.prepare(observation, episode_start_ns)
+        batch, t, anchors = self.prepare(observation, episode_start_ns)
         generator = self.generator if seed is None else torch.Generator().manual_seed(seed)
-        relative = self.policy.predict_action(batch, generator)[0].double().numpy()  # (H, 10)
-        return self.compose(relative, t, p_t, r_t, w_t, now_ns)
+        relative = self.policy.predict_action(batch, generator)[0].double().numpy()  # (H, 10 G)
+        return self.compose(relative, t, anchors, now_ns)
 
     def prepare(
         self, observation: Observation, episode_start_ns: int | None = None
-    ) -> tuple[dict[str, torch.Tensor], int, tuple]:
-        """The policy's input batch of one, t, and the pose (position, rotation matrix) and width at t."""
+    ) -> tuple[dict[str, torch.Tensor], int, dict[int, GripperAnchor]]:
+        """The policy's input batch of one, t, and each gripper's pose and width at t."""
         spec = self.spec
+        self._require_the_policys(observation)
         t = int(observation.frame_ns[-1])
         wanted = t - self.observation_offsets_ns  # (O,) oldest first
         if episode_start_ns is not None:
@@ -112,41 +116,101 @@ class PolicyRunner:
             else [0] * len(wanted)
         )
         images = np.stack([self._training_frame(observation.frames[i]) for i in chosen])
+        batch = {"obs_images": torch.from_numpy(images[None])}
+        chosen_ns = observation.frame_ns[chosen]
+        for k in spec.cameras[1:]:
+            frames, valid = self._other_camera(observation.cameras.get(k), chosen_ns)
+            batch[f"obs_images_camera{k}"] = torch.from_numpy(frames[None])
+            batch[f"obs_valid_camera{k}"] = torch.from_numpy(valid[None])
 
         x = (wanted - t) / 1e9  # seconds from t, as float64 offsets near zero (never absolute ns)
-        self._require_covered(observation.pose_ns, wanted, "pose")
-        self._require_covered(observation.width_ns, wanted, "width")
+        sampled = [self._gripper_at(i, observation.grippers[i], wanted, x, t) for i in spec.grippers]
+        obs_pose, obs_width, _ = gripper_features(
+            [(p[None], r[None], w[None]) for p, r, w in sampled], len(x)
+        )
+        batch["obs_pose"] = torch.from_numpy(obs_pose).float()  # (1, O, 9 G^2)
+        batch["obs_width"] = torch.from_numpy(obs_width).float()  # (1, O, G)
+        anchors = {
+            i: GripperAnchor(pos[-1], rot[-1], float(width[-1]))
+            for i, (pos, rot, width) in zip(spec.grippers, sampled)
+        }
+        return batch, t, anchors
+
+    def _require_the_policys(self, observation: Observation) -> None:
+        """Every gripper the policy drives, and no gripper or camera it does not know."""
+        spec = self.spec
+        missing = [i for i in spec.grippers if i not in observation.grippers]
+        if missing:
+            raise ObservationError(
+                f"the policy drives grippers {list(spec.grippers)}: the observation lacks gripper "
+                f"{', '.join(map(str, missing))} (send robot{missing[0]}_pose_ns, "
+                f"robot{missing[0]}_position, ...)"
+            )
+        strangers = [f"gripper {i}" for i in observation.grippers if i not in spec.grippers] + [
+            f"camera {k}" for k in observation.cameras if k not in spec.cameras
+        ]
+        if strangers:
+            raise ObservationError(
+                f"the observation has {', '.join(strangers)}, which the policy was not trained on (it takes "
+                f"grippers {list(spec.grippers)} and cameras {list(spec.cameras)}): leave them out"
+            )
+
+    def _other_camera(
+        self, camera: CameraFrames | None, chosen_ns: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Camera k >= 1 at the chosen camera 0 frames: (O, h, w, 3) its nearest frames as training
+        frames, black where absent, and (O,) whether each is within max_camera_offset_ms (all
+        absent for a camera not sent, as for a recording without it)."""
+        width, height = self.spec.image_size
+        frames = np.zeros((len(chosen_ns), height, width, 3), np.uint8)
+        if camera is None:
+            return frames, np.zeros(len(chosen_ns), bool)
+        nearest = (
+            nearest_sample(camera.frame_ns, chosen_ns)
+            if len(camera.frame_ns) > 1
+            else np.zeros(len(chosen_ns), int)
+        )
+        offset = np.abs(camera.frame_ns[nearest] - chosen_ns)
+        valid = offset <= round(self.spec.max_camera_offset_ms * 1e6)  # convert's comparison
+        for j in np.flatnonzero(valid):
+            frames[j] = self._training_frame(camera.frames[nearest[j]])
+        return frames, valid
+
+    def _gripper_at(
+        self, i: int, gripper: GripperState, wanted: np.ndarray, x: np.ndarray, t: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Gripper i's positions (O, 3), rotation matrices (O, 3, 3) and widths (O,) at the
+        observation times `wanted` (`x`: the same as seconds from t)."""
+        what = "" if i == 0 else f"gripper {i}'s "
+        self._require_covered(gripper.pose_ns, wanted, f"{what}pose")
+        self._require_covered(gripper.width_ns, wanted, f"{what}width")
         pose = PoseInterpolator(
-            (observation.pose_ns - t) / 1e9, observation.position, Rotation.from_quat(observation.quaternion)
+            (gripper.pose_ns - t) / 1e9, gripper.position, Rotation.from_quat(gripper.quaternion)
         )
         pos, rot = pose(x)
-        rot = rot.as_matrix()
-        width = interpolate_width(x, (observation.width_ns - t) / 1e9, observation.width)
-        features = relative_poses(pos[None, -1], rot[None, -1], pos[None], rot[None])  # (1, O, 9)
-        batch = {
-            "obs_images": torch.from_numpy(images[None]),
-            "obs_pose": torch.from_numpy(features).float(),
-            "obs_width": torch.from_numpy(width[None, :, None]).float(),
-        }
-        return batch, t, (pos[-1], rot[-1], float(width[-1]))
+        return pos, rot.as_matrix(), interpolate_width(x, (gripper.width_ns - t) / 1e9, gripper.width)
 
     def compose(
-        self, relative: np.ndarray, t: int, p_t: np.ndarray, r_t: np.ndarray, w_t: float, now_ns: int | None
+        self, relative: np.ndarray, t: int, anchors: dict[int, GripperAnchor], now_ns: int | None
     ) -> ActionChunk:
-        """Relative actions (H, 10) -> absolute targets at their times."""
+        """Relative actions (H, 10 G) -> each gripper's absolute targets at their times."""
         spec = self.spec
-        position = p_t + relative[:, :3] @ r_t.T
-        rotation = r_t @ rot6d_to_matrix(relative[:, 3:9])
-        width = np.clip(w_t + relative[:, 9], *spec.width_range_m)
+        grippers = {}
+        for g, (i, anchor) in enumerate(anchors.items()):
+            own = relative[:, 10 * g : 10 * (g + 1)]
+            rotation = anchor.rotation @ rot6d_to_matrix(own[:, 3:9])
+            grippers[i] = GripperTargets(
+                position=anchor.position + own[:, :3] @ anchor.rotation.T,
+                quaternion=Rotation.from_matrix(rotation).as_quat(),
+                width=np.clip(anchor.width + own[:, 9], *spec.width_ranges_m[g]),
+            )
         time_ns = t + self.action_offsets_ns
         past = time_ns <= now_ns if now_ns is not None else np.zeros(spec.horizon, bool)
         execute = (np.arange(spec.horizon) < spec.n_action_steps) & ~past
         return ActionChunk(
             observation_ns=t,
             time_ns=time_ns,
-            position=position,
-            quaternion=Rotation.from_matrix(rotation).as_quat(),
-            width=width,
+            grippers=grippers,
             execute=execute,
             past=past,
             relative=relative,

@@ -2,8 +2,12 @@
 
 Written by the train stage as `runtime.json` in the policy folder (its SHA-256 in the folder's
 manifest), from the dataset the policy was trained on: the step rate (measured by `convert`), how
-the training frames were made from the camera's, the camera topic, the windows, the range of
-gripper openings it saw, and the conventions of its inputs and outputs.
+the training frames were made from the cameras', the grippers and cameras it takes and their
+topics, how far another camera's frame may lie from camera 0's, the windows, the range of each
+gripper's openings it saw, and the conventions of its inputs and outputs.
+
+Format 2 added the grippers, the cameras and the camera offset; a format 1 file (one gripper, one
+camera) is still read.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 RUNTIME_FILE = "runtime.json"
-RUNTIME_FORMAT = 1
+RUNTIME_FORMAT = 2
+READABLE_FORMATS = (1, 2)
 
 # How `convert` makes a training frame from a camera frame (dataset.episode.resize_frame and the
 # store's JPEG codec): the runner does the same.
@@ -28,8 +33,13 @@ CONVENTIONS = {
     "time": "integer nanoseconds, capture time, one clock for every stream",
     "image": "RGB uint8, (height, width, 3), the camera's own resolution",
     "action": (
-        "step k (0-based) is the target at t + (k + 1) / frequency_hz, t the latest frame's capture "
-        "time: position p_t + R_t dp, rotation R_t GramSchmidt(r6), width w_t + dw"
+        "step k (0-based) is the target at t + (k + 1) / frequency_hz, t camera 0's latest frame's "
+        "capture time: per gripper, position p_t + R_t dp, rotation R_t GramSchmidt(r6), width w_t + dw"
+    ),
+    "cameras": (
+        "camera 0 sets t and the observation steps; camera k >= 1 gives each step its frame nearest "
+        "camera 0's, absent (the policy's learned absent embedding) beyond max_camera_offset_ms or "
+        "when not sent"
     ),
 }
 
@@ -39,13 +49,22 @@ class RuntimeSpec:
     frequency_hz: float
     image_size: tuple[int, int]  # (width, height) of the frames the policy was trained on
     jpeg_quality: int
-    camera_topics: tuple[str, ...]  # the topics the training episodes' frames came from
+    camera_topics: tuple[str, ...]  # the topics the training episodes' frames came from, every camera
     n_obs_steps: int
     horizon: int
     n_action_steps: int
-    width_range_m: tuple[float, float]  # the training episodes' gripper openings, min and max
+    # Per gripper, in `grippers`' order: the training episodes' openings, min and max.
+    width_ranges_m: tuple[tuple[float, float], ...]
     dataset_fingerprint: str
     stats_sha256: str
+    grippers: tuple[int, ...]  # the grippers the policy observes and drives, by number
+    cameras: tuple[int, ...]  # the cameras it sees, camera 0 first
+    max_camera_offset_ms: float  # convert's: a camera k >= 1 frame further from camera 0's is absent
+
+    @property
+    def width_range_m(self) -> tuple[float, float]:
+        """Gripper 0's openings (recording format 1's only gripper)."""
+        return self.width_ranges_m[0]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,11 +89,18 @@ class RuntimeSpec:
                 "version (`dvc repro train`)"
             )
         raw = json.loads(path.read_text())
-        if raw.get("format") != RUNTIME_FORMAT:
+        if raw.get("format") not in READABLE_FORMATS:
             raise ValueError(
-                f"{path} has format {raw.get('format')}, this version reads {RUNTIME_FORMAT}: "
-                "train the policy again with this version"
+                f"{path} has format {raw.get('format')}, this version reads formats "
+                f"{', '.join(map(str, READABLE_FORMATS))}: train the policy again with this version"
             )
+        if raw["format"] == 1:  # one gripper, one camera
+            raw |= {
+                "width_ranges_m": [raw["width_range_m"]],
+                "grippers": [0],
+                "cameras": [0],
+                "max_camera_offset_ms": 0.0,
+            }
         return cls(
             frequency_hz=float(raw["frequency_hz"]),
             image_size=tuple(raw["image_size"]),
@@ -83,9 +109,12 @@ class RuntimeSpec:
             n_obs_steps=int(raw["n_obs_steps"]),
             horizon=int(raw["horizon"]),
             n_action_steps=int(raw["n_action_steps"]),
-            width_range_m=tuple(raw["width_range_m"]),
+            width_ranges_m=tuple((float(lo), float(hi)) for lo, hi in raw["width_ranges_m"]),
             dataset_fingerprint=str(raw["dataset_fingerprint"]),
             stats_sha256=str(raw["stats_sha256"]),
+            grippers=tuple(int(i) for i in raw["grippers"]),
+            cameras=tuple(int(k) for k in raw["cameras"]),
+            max_camera_offset_ms=float(raw["max_camera_offset_ms"]),
         )
 
 
@@ -96,15 +125,23 @@ def spec_of_training(dataset_attrs: dict[str, Any], stats: dict[str, Any], stats
     window = stats["window"]
     width = stats["lowdim"]["obs.gripper_width"]
     episodes = dataset_attrs[layout.ATTRS_EPISODES]
+    grippers = tuple(dataset_attrs[layout.ATTRS_GRIPPERS])
+    topics = {ep["camera_topic"] for ep in episodes} | {
+        camera["topic"] for ep in episodes for camera in ep.get("cameras", {}).values() if camera["topic"]
+    }
+    params = dataset_attrs[layout.ATTRS_PARAMS]
     return RuntimeSpec(
         frequency_hz=float(dataset_attrs[layout.ATTRS_FREQUENCY]),
         image_size=tuple(dataset_attrs[layout.ATTRS_IMAGE_SIZE]),
-        jpeg_quality=int(dataset_attrs[layout.ATTRS_PARAMS]["jpeg_quality"]),
-        camera_topics=tuple(sorted({ep["camera_topic"] for ep in episodes})),
+        jpeg_quality=int(params["jpeg_quality"]),
+        camera_topics=tuple(sorted(topics)),
         n_obs_steps=int(window["n_obs_steps"]),
         horizon=int(window["horizon"]),
         n_action_steps=int(window["n_action_steps"]),
-        width_range_m=(float(width["min"][0]), float(width["max"][0])),
+        width_ranges_m=tuple((float(width["min"][g]), float(width["max"][g])) for g in range(len(grippers))),
         dataset_fingerprint=str(stats["dataset_fingerprint"]["sha256"]),
         stats_sha256=stats_sha256,
+        grippers=grippers,
+        cameras=tuple(dataset_attrs[layout.ATTRS_CAMERAS]),
+        max_camera_offset_ms=float(params["max_camera_offset_ms"]),
     )

@@ -11,7 +11,8 @@ from typing import Any
 from policypipe import __version__
 from policypipe.atomic import MANIFEST
 from policypipe.lineage.hashing import sha256_file
-from policypipe.serving.protocol import OBSERVATION_FIELDS, OPTION_FIELDS, PROTOCOL_VERSION
+from policypipe.runtime.observation import field_names
+from policypipe.serving.protocol import OPTION_FIELDS, PROTOCOL_VERSION
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -34,7 +35,8 @@ def policy_metadata(folder: Path, runtime: dict[str, Any], max_request_bytes: in
         },
         "runtime": runtime,
         "request": {
-            "fields": list(OBSERVATION_FIELDS),
+            # Every camera's and gripper's; a camera k >= 1 left out is absent for the policy.
+            "fields": field_names(runtime.get("grippers", [0]), runtime.get("cameras", [0])),
             "options": list(OPTION_FIELDS),
             "max_bytes": max_request_bytes,
         },

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import numpy as np
+
+from policypipe.runtime.chunk import TARGET_FIELDS, ActionChunk, GripperTargets, target_field
+from policypipe.runtime.observation import Observation, is_field_name
 
 PROTOCOL_VERSION = 1
 
@@ -31,11 +35,14 @@ CONTROL = "__ctrl__"
 # ({"__ack__": name}) so that they work, and otherwise ignored.
 CONTROLS = ("metadata", "health", "episode_start", "episode_end")
 
-# Observation.checked's arguments, and PolicyRunner.act's keyword arguments.
+# Observation.checked's arguments for camera 0 and gripper 0, always sent (camera k >= 1 and
+# gripper i >= 1 add theirs: camera{k}_frame_ns, robot{i}_position, ...), and PolicyRunner.act's
+# keyword arguments.
 OBSERVATION_FIELDS = ("frame_ns", "frames", "pose_ns", "position", "quaternion", "width_ns", "width")
 OPTION_FIELDS = ("now_ns", "seed", "episode_start_ns")
-# ActionChunk's fields, in its order.
+# ActionChunk.fields() of a one-gripper chunk (gripper i >= 1 adds robot{i}_position, ...).
 CHUNK_FIELDS = ("observation_ns", "time_ns", "position", "quaternion", "width", "execute", "past", "relative")
+OTHER_TARGET = re.compile(r"^robot([1-9][0-9]*)_(position|quaternion|width)$")
 
 # Error codes (the `error` of an error reply).
 TOO_LARGE = "too_large"
@@ -78,19 +85,10 @@ class ActRequest:
 
 
 @dataclass(frozen=True)
-class ServedChunk:
-    """An ActionChunk as the client receives it (runtime.runner.ActionChunk's fields, without torch),
-    and how long the server's act took."""
+class ServedChunk(ActionChunk):
+    """An ActionChunk as the client receives it, and how long the server's act took."""
 
-    observation_ns: int
-    time_ns: np.ndarray  # (H,) int64
-    position: np.ndarray  # (H, 3) metres, world frame
-    quaternion: np.ndarray  # (H, 4) x, y, z, w, world <- gripper
-    width: np.ndarray  # (H,) metres
-    execute: np.ndarray  # (H,) bool
-    past: np.ndarray  # (H,) bool
-    relative: np.ndarray  # (H, 10)
-    infer_ms: float
+    infer_ms: float = math.nan
 
 
 def pack(message: Any) -> bytes:
@@ -221,7 +219,7 @@ def parse_request(message: Any) -> ActRequest | Control:
                 BAD_REQUEST, f"unknown {CONTROL} {_what(name)}: one of {', '.join(CONTROLS)}, or no {CONTROL}"
             )
         return Control(name)
-    unknown = [k for k in message if k not in OBSERVATION_FIELDS and k not in OPTION_FIELDS]
+    unknown = [k for k in message if not (isinstance(k, str) and is_field_name(k)) and k not in OPTION_FIELDS]
     missing = [k for k in OBSERVATION_FIELDS if k not in message]
     if unknown or missing:
         problems = ([f"unknown {', '.join(repr(k)[:40] for k in unknown[:5])}"] if unknown else []) + (
@@ -229,11 +227,12 @@ def parse_request(message: Any) -> ActRequest | Control:
         )
         raise RequestError(
             BAD_REQUEST,
-            f"an act request has the fields {', '.join(OBSERVATION_FIELDS)} "
+            f"an act request has the fields {', '.join(OBSERVATION_FIELDS)}, those of any further camera "
+            "and gripper (camera{k}_frame_ns, camera{k}_frames, robot{i}_pose_ns, ...) "
             f"and optionally {', '.join(OPTION_FIELDS)}; this one: {'; '.join(problems)}",
         )
     observation = {}
-    for name in OBSERVATION_FIELDS:
+    for name in (k for k in message if k not in OPTION_FIELDS):
         if not isinstance(message[name], np.ndarray):
             raise RequestError(
                 BAD_REQUEST,
@@ -263,28 +262,43 @@ def _integer(value: Any, name: str, low: int, high: int) -> int | None:
 def act_message(
     observation: Any, now_ns: int | None = None, seed: int | None = None, episode_start_ns: int | None = None
 ) -> dict[str, Any]:
-    """The request for `observation` (an Observation, or a mapping of its seven arrays)."""
-    fields = observation if isinstance(observation, Mapping) else vars(observation)
-    message: dict[str, Any] = {name: np.asarray(fields[name]) for name in OBSERVATION_FIELDS}
+    """The request for `observation`: an Observation, or a mapping of its arrays by the names
+    `Observation.checked` takes (all of them are sent: the server refuses a name it does not know)."""
+    fields = observation.fields() if isinstance(observation, Observation) else observation
+    if not isinstance(fields, Mapping):
+        raise TypeError(f"send an Observation or a mapping of its arrays, not a {type(observation).__name__}")
+    message: dict[str, Any] = {name: np.asarray(value) for name, value in fields.items()}
     options = {"now_ns": now_ns, "seed": seed, "episode_start_ns": episode_start_ns}
     message.update({k: int(v) for k, v in options.items() if v is not None})
     return message
 
 
-def chunk_message(chunk: Any, infer_ms: float) -> dict[str, Any]:
+def chunk_message(chunk: ActionChunk, infer_ms: float) -> dict[str, Any]:
     """The reply for an ActionChunk: its fields, and openpi's `server_timing`."""
-    reply = {name: getattr(chunk, name) for name in CHUNK_FIELDS}
-    reply["observation_ns"] = int(reply["observation_ns"])
-    reply["server_timing"] = {"infer_ms": float(infer_ms)}
-    return reply
+    return chunk.fields() | {"server_timing": {"infer_ms": float(infer_ms)}}
 
 
 def chunk_from_message(message: Any) -> ServedChunk:
     if not isinstance(message, dict) or any(name not in message for name in CHUNK_FIELDS):
         raise RequestError(BAD_REQUEST, f"the server's reply is not an action chunk: {_what(message)}")
+    others = sorted(
+        {int(m[1]) for name in message if isinstance(name, str) and (m := OTHER_TARGET.match(name))}
+    )
+    try:
+        grippers = {
+            i: GripperTargets(**{f: message[target_field(i, f)] for f in TARGET_FIELDS}) for i in [0, *others]
+        }
+    except KeyError as exc:
+        raise RequestError(BAD_REQUEST, f"the server's reply lacks {exc.args[0]}") from None
     timing = message.get("server_timing") or {}
     return ServedChunk(
-        **{name: message[name] for name in CHUNK_FIELDS}, infer_ms=float(timing.get("infer_ms", math.nan))
+        observation_ns=message["observation_ns"],
+        time_ns=message["time_ns"],
+        grippers=grippers,
+        execute=message["execute"],
+        past=message["past"],
+        relative=message["relative"],
+        infer_ms=float(timing.get("infer_ms", math.nan)),
     )
 
 

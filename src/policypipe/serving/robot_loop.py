@@ -24,10 +24,15 @@ class Robot(Protocol):
 
     def observation(self) -> dict[str, np.ndarray]:
         """The last 0.2 s or so of camera frames (RGB, with their capture times), gripper poses
-        and openings, up to one sample at or after the latest frame (Observation.checked's fields)."""
+        and openings, up to one sample at or after the latest frame (Observation.checked's
+        fields: camera k >= 1 and gripper i >= 1 as camera{k}_frames, robot{i}_position, ...)."""
 
-    def move_to(self, time_ns: int, position: np.ndarray, quaternion: np.ndarray, width: float) -> None:
-        """Queue a target for its time: the controller reaches it then."""
+    def move_to(
+        self, time_ns: int, position: np.ndarray, quaternion: np.ndarray, width: float, **gripper: int
+    ) -> None:
+        """Queue a target for its time: the controller reaches it then. A policy of several
+        grippers passes `gripper=i` (the gripper's number) with each target; a one-gripper
+        policy's targets come without it."""
 
     def sleep_until(self, time_ns: int) -> None: ...
 
@@ -55,8 +60,11 @@ def run_episode(client: PolicyClient, robot: Robot, duration_s: float) -> dict[s
                 logger.warning("a chunk arrived after all its steps were due (%d ms)", round_trip_ns // 10**6)
                 continue
             for k in steps:
-                target = chunk.position[k], chunk.quaternion[k], float(chunk.width[k])
-                robot.move_to(int(chunk.time_ns[k]), *target)
+                for i, targets in chunk.grippers.items():
+                    target = targets.position[k], targets.quaternion[k], float(targets.width[k])
+                    robot.move_to(
+                        int(chunk.time_ns[k]), *target, **({"gripper": i} if len(chunk.grippers) > 1 else {})
+                    )
             executed += len(steps)
             robot.sleep_until(int(chunk.time_ns[steps[-1]]) - round_trip_ns)
     except BaseException:

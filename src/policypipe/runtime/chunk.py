@@ -1,0 +1,63 @@
+"""What the runner returns: a chunk of absolute targets for every gripper, each with its time.
+
+NumPy only: the robot side (`serving.protocol`, the client) holds chunks without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# A target's parts, as the protocol names them (gripper i >= 1 prefixed robot{i}_).
+TARGET_FIELDS = ("position", "quaternion", "width")
+
+
+@dataclass(frozen=True)
+class GripperTargets:
+    """One gripper's targets, one per step of the chunk."""
+
+    position: np.ndarray  # (H, 3) metres, world frame
+    quaternion: np.ndarray  # (H, 4) x, y, z, w, world <- gripper
+    width: np.ndarray  # (H,) metres, within the training episodes' openings
+
+
+@dataclass(frozen=True)
+class ActionChunk:
+    """A chunk of absolute targets, each with the time it is meant for."""
+
+    observation_ns: int  # t: the capture time of the latest frame the chunk was computed from
+    time_ns: np.ndarray  # (H,) int64 t + (k + 1) / f
+    grippers: dict[int, GripperTargets]  # every gripper the policy drives, by number
+    # Which steps to execute: the first n_action_steps, less those already past at `now_ns`.
+    execute: np.ndarray  # (H,) bool
+    past: np.ndarray  # (H,) bool: time_ns <= now_ns (all False without a now_ns)
+    relative: np.ndarray  # (H, 10 G) the policy's output per gripper: relative pose (9), width change (1)
+
+    # Gripper 0's targets, by recording format 1's names (its only gripper).
+    @property
+    def position(self) -> np.ndarray:
+        return self.grippers[0].position
+
+    @property
+    def quaternion(self) -> np.ndarray:
+        return self.grippers[0].quaternion
+
+    @property
+    def width(self) -> np.ndarray:
+        return self.grippers[0].width
+
+    def fields(self) -> dict[str, object]:
+        """The chunk by the protocol's names: gripper 0's targets as `position`, `quaternion`,
+        `width`, gripper i's as `robot{i}_position`, ..."""
+        out: dict[str, object] = {"observation_ns": int(self.observation_ns), "time_ns": self.time_ns}
+        out |= {f: getattr(self.grippers[0], f) for f in TARGET_FIELDS}
+        out |= {"execute": self.execute, "past": self.past, "relative": self.relative}
+        for i, targets in self.grippers.items():
+            if i != 0:
+                out |= {target_field(i, f): getattr(targets, f) for f in TARGET_FIELDS}
+        return out
+
+
+def target_field(gripper: int, field: str) -> str:
+    return field if gripper == 0 else f"robot{gripper}_{field}"
