@@ -48,15 +48,16 @@ def main() -> None:
             )  # an export without its runtime spec: say so before the workers
         except (OSError, ValueError) as exc:
             fail(f"{exc}; rebuild it with `dvc repro train` (or `dvc pull`)")
-        if spec.grippers != (0,) or spec.cameras != (0,):
+        grippers = len(spec.grippers)
+        if spec.cameras not in (tuple(range(grippers)), tuple(range(grippers + 1))):
             fail(
                 f"{args.policy} drives grippers {list(spec.grippers)} with cameras {list(spec.cameras)}: the "
-                "rollout simulator has one gripper and its wrist camera so far; roll out a policy trained "
-                "with convert.grippers: [0] and convert.cameras: [0]"
+                "simulator has a wrist camera per gripper (camera i is gripper i's) and, for a rig, a scene "
+                f"camera after them (camera {grippers}); roll out a policy of the sample's cameras"
             )
         try:
             stats = json.loads(args.stats.read_text())
-            demonstrations = training_demonstrations(args.dataset, stats)
+            demonstrations = [training_demonstrations(args.dataset, stats, i) for i in spec.grippers]
         except (OSError, ValueError, KeyError) as exc:
             fail(
                 f"cannot read the training demonstrations from {args.dataset} and {args.stats}: {exc}; "

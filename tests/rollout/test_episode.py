@@ -136,7 +136,7 @@ def test_a_runner_in_closed_loop_gives_the_same_episode_twice(pipeline) -> None:
 
 def test_the_outcomes_do_not_depend_on_the_number_of_workers(pipeline) -> None:  # noqa: F811
     stage = RolloutStageConfig(episodes=2, time_limit_s=0.3, videos=0)
-    demonstrations = training_demonstrations(pipeline.store, pipeline.stats)
+    demonstrations = [training_demonstrations(pipeline.store, pipeline.stats)]
     here, pooled = (run_rollouts(pipeline.policy, stage, workers, demonstrations) for workers in (1, 2))
     assert report(here, stage) == report(pooled, stage)
     assert [r.final_frame.tobytes() for r in here["policy"]] == [

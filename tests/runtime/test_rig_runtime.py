@@ -41,7 +41,9 @@ HISTORY_NS = 300_000_000
 
 
 @pytest.fixture(scope="module")
-def rig_runner(rig_dataset, rig_stats, tmp_path_factory) -> PolicyRunner:  # noqa: F811
+def rig_policy(rig_dataset, rig_stats, tmp_path_factory) -> Path:  # noqa: F811
+    """An untrained rig policy saved as the train stage saves it (the runner's arithmetic does not
+    depend on what the weights learned)."""
     root, _, _ = rig_dataset
     _, stats_path = rig_stats
     stats = json.loads(stats_path.read_text())
@@ -49,10 +51,14 @@ def rig_runner(rig_dataset, rig_stats, tmp_path_factory) -> PolicyRunner:  # noq
     policy = DiffusionPolicy(model_for_dataset(MODEL, stats))
     policy.fit_normalizers(stats)
     folder = tmp_path_factory.mktemp("rig_policy") / "policy"
-    save_policy(
-        folder, policy, {}, spec_of_training(dict(root.attrs), stats, sha256_file(stats_path)).to_json()
-    )
-    return PolicyRunner.load(folder)
+    spec = spec_of_training(dict(root.attrs), stats, sha256_file(stats_path))
+    save_policy(folder, policy, {}, spec.to_json())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def rig_runner(rig_policy: Path) -> PolicyRunner:
+    return PolicyRunner.load(rig_policy)
 
 
 def robot_observation(vio: Path, t_ns: int, camera_lead_ns: int = 0) -> dict[str, np.ndarray]:

@@ -28,10 +28,11 @@ from typing import Protocol
 import numpy as np
 from scipy.spatial.transform import Rotation
 
-from policypipe.runtime.observation import Observation
+from policypipe.runtime.observation import CameraFrames, GripperState, Observation
 from policypipe.synthetic.motion import MotionPlan, plan_motion
 from policypipe.synthetic.recording import StreamTiming, random_timing, sample_clock
-from policypipe.synthetic.render import render_view_bgr, table_texture
+from policypipe.synthetic.render import render_fixed_view_bgr, render_view_bgr, table_texture
+from policypipe.synthetic.rig import SCENE_CAMERA_HZ, SCENE_CAMERA_JITTER_S, RigPlan
 from policypipe.synthetic.scene import Scene
 from policypipe.synthetic.simulator import NS, SimConfig, SimState, Simulator, start_state
 
@@ -40,13 +41,13 @@ ROLLOUT_ENTROPY = 0x5EED_2200_0000
 START_NS = 1_900_000_000 * NS  # the scenes' clock starts here (any value: times are relative)
 LEAD_IN_NS = NS // 2  # the streams run this long, the gripper still, before the episode starts
 HISTORY_NS = NS // 2  # pose and opening samples sent with each request: the last half second
+RIG_SCENES = 2  # second word of a rig scene's seed (`rig.rig_rollout_scene`) and its scene camera's clock
+SCENE_CAMERA_DROP_FRACTION = 0.03
 
 
 class Chunk(Protocol):
     time_ns: np.ndarray  # (H,)
-    position: np.ndarray  # (H, 3)
-    quaternion: np.ndarray  # (H, 4)
-    width: np.ndarray  # (H,)
+    grippers: dict  # gripper i -> its targets: position (H, 3), quaternion (H, 4), width (H,)
     execute: np.ndarray  # (H,) bool
 
 
@@ -74,6 +75,9 @@ class EpisodeResult:
     final_frame: np.ndarray  # RGB, the camera's last view
     frames: list[np.ndarray]  # RGB, every frame the camera captured (kept only when asked)
     missed_closes: list[dict[str, float]] = field(default_factory=list)  # `Simulator.missed_closes`
+    # A rig's episode (`rig.run_rig_episode`): each gripper's own outcome; `outcome` is "success"
+    # when all are, else the first failing gripper's.
+    gripper_outcomes: tuple[str, ...] = ()
 
 
 def rollout_scene(seed: int) -> MotionPlan:
@@ -134,44 +138,68 @@ class _Trajectory:
 def run_episode(
     controller: Controller, seed: int, config: RolloutConfig, keep_frames: bool = False
 ) -> EpisodeResult:
-    plan = rollout_scene(seed)
-    scene, texture = plan.scene, table_texture(plan.scene)
-    t0 = plan.start_ns
-    end_ns = t0 + int(round(config.time_limit_s * NS))
-    position, quaternion = plan.pose_at(np.array([t0]))
-    width = float(plan.width_at(np.array([t0]))[0])
-    sim = Simulator(scene, start_state(scene, t0, position[0], quaternion[0], width), config.sim)
-    trajectory = _Trajectory(sim.state)
-    # The streams run from before the start to past the time limit; a chunk may overshoot it by a step.
-    camera_ns, pose_ns, width_ns = stream_clocks(seed, t0 - LEAD_IN_NS, end_ns + NS)
-    rendered: dict[int, np.ndarray] = {}  # capture time -> RGB, each frame rendered once
+    """One episode of the single-gripper task in scene `seed` (`rollout_scene`)."""
+    return run_rig_plan(controller, seed, RigPlan((rollout_scene(seed),)), config, False, keep_frames)
 
-    def frame(t_ns: int) -> np.ndarray:
-        if t_ns not in rendered:
-            rendered[t_ns] = camera_view(scene, texture, trajectory.state_at(t_ns), config.camera_size)
-        return rendered[t_ns]
+
+def run_rig_plan(
+    controller: Controller,
+    seed: int,
+    rig: RigPlan,
+    config: RolloutConfig,
+    scene_camera: bool,
+    keep_frames: bool = False,
+) -> EpisodeResult:
+    """One episode of `rig`'s grippers, each with its own block (one gripper: the single task).
+    Camera i is gripper i's wrist camera; with `scene_camera`, camera N is the rig's scene camera,
+    whose frames the result's are (camera 0's without one)."""
+    grippers = len(rig.plans)
+    texture = table_texture(rig.table, tuple((p.scene.place_xy, p.scene.place_yaw) for p in rig.plans))
+    t0 = rig.start_ns
+    end_ns = t0 + int(round(config.time_limit_s * NS))
+    sims, trajectories = [], []
+    for plan in rig.plans:
+        position, quaternion = plan.pose_at(np.array([t0]))
+        width = float(plan.width_at(np.array([t0]))[0])
+        sim = Simulator(
+            plan.scene, start_state(plan.scene, t0, position[0], quaternion[0], width), config.sim
+        )
+        sims.append(sim)
+        trajectories.append(_Trajectory(sim.state))
+    # The streams run from before the start to past the time limit; a chunk may overshoot it by a step.
+    camera_ns, pose_ns, width_ns = episode_clocks(seed, grippers, t0 - LEAD_IN_NS, end_ns + NS, scene_camera)
+    rendered: dict[tuple[int, int], np.ndarray] = {}  # (camera, capture time) -> RGB, rendered once
+
+    def frame(k: int, t_ns: int) -> np.ndarray:
+        if (k, t_ns) not in rendered:
+            states = [trajectory.state_at(t_ns) for trajectory in trajectories]
+            rendered[k, t_ns] = _view(rig, texture, states, k, config.camera_size)
+        return rendered[k, t_ns]
 
     def observe(now: int) -> Observation:
-        """What has arrived by `now`: the frames the pose and opening streams cover, and those streams."""
-        poses = pose_ns[(pose_ns <= now) & (pose_ns > now - HISTORY_NS)]
-        widths = width_ns[(width_ns <= now) & (width_ns > now - HISTORY_NS)]
-        frames = camera_ns[camera_ns <= min(poses[-1], widths[-1])][-config.history_frames :]
-        states = trajectory.at(poses)
-        return Observation.checked(
-            frames,
-            np.stack([frame(int(t)) for t in frames]),
-            poses,
-            states[:, :3],
-            states[:, 3:7],
-            widths,
-            trajectory.at(widths)[:, 7],
-        )
+        """What has arrived by `now`: camera 0's frames that every gripper's pose and opening streams
+        cover, every other camera's frames so far, and those streams."""
+        seen, covered = {}, now
+        for i in range(grippers):
+            poses = pose_ns[i][(pose_ns[i] <= now) & (pose_ns[i] > now - HISTORY_NS)]
+            widths = width_ns[i][(width_ns[i] <= now) & (width_ns[i] > now - HISTORY_NS)]
+            states = trajectories[i].at(poses)
+            seen[i] = GripperState(
+                poses, states[:, :3], states[:, 3:7], widths, trajectories[i].at(widths)[:, 7]
+            )
+            covered = min(covered, int(poses[-1]), int(widths[-1]))
+        cameras = {}
+        for k, ns in camera_ns.items():
+            times = ns[ns <= (covered if k == 0 else now)][-config.history_frames :]
+            if len(times):
+                cameras[k] = CameraFrames(times, np.stack([frame(k, int(t)) for t in times]))
+        return Observation.checked(**Observation(cameras, seen).fields())
 
-    # The episode starts with the streams' first frame: they ran LEAD_IN_NS with the gripper still
-    # before t0, as a recording's first frames see it still.
-    first_ns = int(camera_ns[0])
+    # The episode starts with the streams' first frame: they ran LEAD_IN_NS with the grippers still
+    # before t0, as a recording's first frames see them still.
+    first_ns = int(camera_ns[0][0])
     now = t0
-    while now < end_ns and not sim.done():
+    while now < end_ns and not all(sim.done() for sim in sims):
         chunk = controller.act(observe(now), now_ns=now, episode_start_ns=first_ns)
         steps = np.flatnonzero(chunk.execute & (chunk.time_ns > now))
         if len(steps) == 0:
@@ -180,18 +208,70 @@ def run_episode(
             )
         for k in steps:
             now = int(chunk.time_ns[k])
-            trajectory.add(sim.step(now, chunk.position[k], chunk.quaternion[k], float(chunk.width[k])))
-            if sim.done() or now >= end_ns:
+            for i, sim in enumerate(sims):
+                if not sim.done():  # a released block's gripper holds still
+                    targets = chunk.grippers[i]
+                    trajectories[i].add(
+                        sim.step(now, targets.position[k], targets.quaternion[k], float(targets.width[k]))
+                    )
+            if all(sim.done() for sim in sims) or now >= end_ns:
                 break
-    frames = [frame(int(t)) for t in camera_ns[(camera_ns >= t0) & (camera_ns <= now)]] if keep_frames else []
-    final = frame(int(camera_ns[camera_ns <= now][-1]))
+    outcomes = tuple(sim.outcome() for sim in sims)
+    failed = [o for o in outcomes if o != "success"]
+    shown = grippers if scene_camera else 0
+    ns = camera_ns[shown]
+    frames = [frame(shown, int(t)) for t in ns[(ns >= t0) & (ns <= now)]] if keep_frames else []
     return EpisodeResult(
-        seed, sim.outcome(), (now - t0) / NS, sim.distance_to_mark(), final, frames, sim.missed_closes
+        seed=seed,
+        outcome=failed[0] if failed else "success",
+        duration_s=(now - t0) / NS,
+        distance_to_mark_m=max(sim.distance_to_mark() for sim in sims),
+        final_frame=frame(shown, int(ns[ns <= now][-1])),
+        frames=frames,
+        missed_closes=[m for sim in sims for m in sim.missed_closes],
+        gripper_outcomes=outcomes if grippers > 1 else (),
     )
 
 
-def camera_view(scene: Scene, texture: np.ndarray, state: SimState, size: tuple[int, int]) -> np.ndarray:
-    """(H, W, 3) uint8 RGB: what the wrist camera sees of the simulated state."""
+def episode_clocks(
+    seed: int, grippers: int, start_ns: int, stop_ns: int, scene_camera: bool
+) -> tuple[dict[int, np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """({camera: its frames' capture times}, per gripper its poses', per gripper its openings'):
+    gripper 0's as `stream_clocks` draws them for the seed, every other gripper's drawn alike from
+    a seed of its own, the scene camera's at SCENE_CAMERA_HZ with its jitter and drops."""
+    cameras, poses, widths = {}, [], []
+    for i in range(grippers):
+        camera, pose, width = stream_clocks(seed if i == 0 else seed + (i << 40), start_ns, stop_ns)
+        cameras[i] = camera
+        poses.append(pose)
+        widths.append(width)
+    if scene_camera:
+        rng = np.random.default_rng(np.random.SeedSequence([ROLLOUT_ENTROPY, RIG_SCENES, seed, 2]))
+        scene = sample_clock(rng, start_ns, stop_ns, SCENE_CAMERA_HZ, SCENE_CAMERA_JITTER_S)
+        cameras[grippers] = scene[rng.random(len(scene)) >= SCENE_CAMERA_DROP_FRACTION]
+    return cameras, poses, widths
+
+
+def _view(
+    rig: RigPlan, texture: np.ndarray, states: list[SimState], camera: int, size: tuple[int, int]
+) -> np.ndarray:
+    """(H, W, 3) RGB: camera `camera` of the rig (gripper i's wrist camera is camera i, the scene
+    camera the one after them) on the simulated states."""
+    blocks = [(s.block_centre, s.block_yaw, p.scene.target_size) for s, p in zip(states, rig.plans)]
+    if camera < len(states):
+        others = tuple(b for j, b in enumerate(blocks) if j != camera)
+        return camera_view(rig.plans[camera].scene, texture, states[camera], size, others)
+    r_cam, centre = rig.scene_camera()
+    grippers = [(s.position, s.quaternion, s.width) for s in states]
+    bgr = render_fixed_view_bgr(rig.table, texture, r_cam, centre, blocks, grippers, size)
+    return np.ascontiguousarray(bgr[..., ::-1])
+
+
+def camera_view(
+    scene: Scene, texture: np.ndarray, state: SimState, size: tuple[int, int], other_blocks: tuple = ()
+) -> np.ndarray:
+    """(H, W, 3) uint8 RGB: what the wrist camera sees of the simulated state (and of `other_blocks`,
+    (centre, yaw, size) each: another gripper's, in a rig)."""
     bgr = render_view_bgr(
         scene,
         texture,
@@ -201,6 +281,7 @@ def camera_view(scene: Scene, texture: np.ndarray, state: SimState, size: tuple[
         state.block_yaw,
         state.width,
         size,
+        other_blocks,
     )
     return np.ascontiguousarray(bgr[..., ::-1])
 

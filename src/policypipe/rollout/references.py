@@ -12,6 +12,7 @@ import numpy as np
 from scipy.spatial.transform import Rotation, Slerp
 
 from policypipe.dataset import layout
+from policypipe.runtime.chunk import GripperTargets
 from policypipe.runtime.observation import Observation
 from policypipe.synthetic.motion import MotionPlan
 from policypipe.synthetic.simulator import NS
@@ -29,6 +30,11 @@ class TargetChunk:
     quaternion: np.ndarray
     width: np.ndarray
     execute: np.ndarray
+
+    @property
+    def grippers(self) -> dict[int, GripperTargets]:
+        """The targets as a runner's chunk holds them: one gripper's (a rig joins them: `rig.PerGripper`)."""
+        return {0: GripperTargets(self.position, self.quaternion, self.width)}
 
 
 class _Reference:
@@ -94,8 +100,8 @@ def _heading(quaternion: np.ndarray) -> float:
     return float(np.arctan2(x_axis[1], x_axis[0]))
 
 
-def training_demonstrations(store: Path, stats: dict) -> list[Demonstration]:
-    """The training side's episodes of the dataset (`stats`' split), as paths."""
+def training_demonstrations(store: Path, stats: dict, gripper: int = 0) -> list[Demonstration]:
+    """The training side's episodes of the dataset (`stats`' split), as gripper `gripper`'s paths."""
     import zarr
 
     root = zarr.open_group(store, mode="r")
@@ -103,7 +109,12 @@ def training_demonstrations(store: Path, stats: dict) -> list[Demonstration]:
     starts = np.concatenate([[0], ends[:-1]])
     time, position, rotvec, width = (
         np.asarray(root[key][:])
-        for key in (layout.TIMESTAMP, layout.EEF_POS, layout.EEF_ROT, layout.GRIPPER_WIDTH)
+        for key in (
+            layout.TIMESTAMP,
+            layout.eef_pos(gripper),
+            layout.eef_rot(gripper),
+            layout.gripper_width(gripper),
+        )
     )
     stems = [episode["stem"] for episode in root.attrs[layout.ATTRS_EPISODES]]
     demonstrations = []

@@ -26,6 +26,7 @@ from policypipe.rollout.references import (
     NearestDemonstrationReplay,
     nearest_demonstration,
 )
+from policypipe.rollout.rig import PerGripper, rig_rollout_scene, run_rig_episode
 from policypipe.synthetic.simulator import OUTCOMES, SimConfig
 
 # Outcomes of episodes that never held the block: the rest gripped it at least once.
@@ -73,20 +74,23 @@ def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float,
 
 
 def summary(results: list[EpisodeResult]) -> dict[str, Any]:
-    """Success rate with its Wilson 95 % CI, the outcomes counted, time to success."""
+    """Success rate with its Wilson 95 % CI, the outcomes counted, time to success. A rig's episodes
+    (`gripper_outcomes`) add `per_gripper`: each gripper's own success rate, CI, outcomes and grasp
+    rate; the episode's outcome is the first failing gripper's, and it grasped when every gripper did."""
     n = len(results)
     outcomes = Counter(r.outcome for r in results)
     successes = outcomes["success"]
     low, high = wilson_interval(successes, n)
     times = [r.duration_s for r in results if r.outcome == "success"]
     missed = [m for r in results for m in r.missed_closes]
-    return {
+    per_gripper = [r.gripper_outcomes or (r.outcome,) for r in results]
+    out = {
         "episodes": n,
         "success_rate": successes / n,
         "success_ci95": {"ci95_low": low, "ci95_high": high, "method": "Wilson score interval"},
         "outcomes": {o: outcomes[o] for o in OUTCOMES},
-        # Progress short of success: episodes that gripped the block at least once.
-        "grasp_rate": sum(outcomes[o] for o in OUTCOMES if o not in UNGRASPED) / n,
+        # Progress short of success: episodes that gripped the block (every gripper its own) at least once.
+        "grasp_rate": sum(all(o not in UNGRASPED for o in own) for own in per_gripper) / n,
         "time_to_success_s": {"mean": float(np.mean(times)), "max": float(np.max(times))} if times else None,
         "seeds": {o: [r.seed for r in results if r.outcome == o] for o in OUTCOMES if outcomes[o]},
         # Why the closes that gripped nothing missed: each grip condition's median margin (mm; a
@@ -101,12 +105,24 @@ def summary(results: list[EpisodeResult]) -> dict[str, Any]:
             else None,
         },
     }
+    if results and results[0].gripper_outcomes:
+        out["per_gripper"] = {}
+        for g in range(len(results[0].gripper_outcomes)):
+            own = Counter(r.gripper_outcomes[g] for r in results)
+            g_low, g_high = wilson_interval(own["success"], n)
+            out["per_gripper"][f"robot{g}"] = {
+                "success_rate": own["success"] / n,
+                "success_ci95": {"ci95_low": g_low, "ci95_high": g_high, "method": "Wilson score interval"},
+                "outcomes": {o: own[o] for o in OUTCOMES},
+                "grasp_rate": sum(own[o] for o in OUTCOMES if o not in UNGRASPED) / n,
+            }
+    return out
 
 
 _worker: dict[str, Any] = {}
 
 
-def _start_worker(policy_dir: str, stage: dict[str, Any], demonstrations: list[Demonstration]) -> None:
+def _start_worker(policy_dir: str, stage: dict[str, Any], demonstrations: list[list[Demonstration]]) -> None:
     import torch
 
     from policypipe.runtime.runner import PolicyRunner
@@ -120,31 +136,44 @@ def _start_worker(policy_dir: str, stage: dict[str, Any], demonstrations: list[D
 def _episode(controller: str, seed: int, keep_frames: bool = False) -> EpisodeResult:
     runner, stage = _worker["runner"], _worker["stage"]
     config = stage.episode_config(runner.spec.frequency_hz)
+    grippers = len(runner.spec.grippers)
     if controller == "policy":
         # A fresh noise sequence per episode: an episode does not depend on which ran before it.
         runner.generator.manual_seed(stage.seed * 1_000_003 + seed)
         chosen = runner
-    elif controller == "demonstration_replay":
-        chosen = DemonstrationReplay(rollout_scene(seed), config.frequency_hz)
-    elif controller == "nearest_demonstration_replay":
-        plan = rollout_scene(seed)
-        position, quaternion = (a[0] for a in plan.pose_at(np.array([plan.start_ns])))
-        nearest = nearest_demonstration(_worker["demonstrations"], position, quaternion)
-        chosen = NearestDemonstrationReplay(nearest, plan.start_ns, position, quaternion, config.frequency_hz)
     else:
-        chosen = HoldStill(config.frequency_hz)
+        plans = rig_rollout_scene(seed, grippers).plans if grippers > 1 else [rollout_scene(seed)]
+        references = [
+            _reference(controller, plan, _worker["demonstrations"][i], config.frequency_hz)
+            for i, plan in enumerate(plans)
+        ]
+        chosen = PerGripper(references) if grippers > 1 else references[0]
+    if grippers > 1:  # the rig: its scene camera is the camera after the wrist cameras
+        scene_camera = len(runner.spec.cameras) > grippers
+        return run_rig_episode(chosen, seed, config, grippers, scene_camera, keep_frames)
     return run_episode(chosen, seed, config, keep_frames=keep_frames)
+
+
+def _reference(controller: str, plan, demonstrations: list[Demonstration], frequency_hz: float):
+    """One gripper's reference controller in the scene of `plan`."""
+    if controller == "demonstration_replay":
+        return DemonstrationReplay(plan, frequency_hz)
+    if controller == "nearest_demonstration_replay":
+        position, quaternion = (a[0] for a in plan.pose_at(np.array([plan.start_ns])))
+        nearest = nearest_demonstration(demonstrations, position, quaternion)
+        return NearestDemonstrationReplay(nearest, plan.start_ns, position, quaternion, frequency_hz)
+    return HoldStill(frequency_hz)
 
 
 def run_rollouts(
     policy_dir: Path,
     stage: RolloutStageConfig,
     workers: int,
-    demonstrations: list[Demonstration],
+    demonstrations: list[list[Demonstration]],
     controllers: tuple[str, ...] = CONTROLLERS,
 ) -> dict[str, list[EpisodeResult]]:
-    """{controller: results by seed} over the stage's scenes; `demonstrations` are the training
-    episodes the nearest-demonstration reference replays (`references.training_demonstrations`)."""
+    """{controller: results by seed} over the stage's scenes; `demonstrations` are, per gripper, the
+    training episodes the nearest-demonstration reference replays (`references.training_demonstrations`)."""
     from policypipe.processes import process_pool
 
     seeds = range(stage.first_seed, stage.first_seed + stage.episodes)
@@ -162,7 +191,7 @@ def run_rollouts(
     return out
 
 
-def _initializer(policy_dir: Path, stage: RolloutStageConfig, demonstrations: list[Demonstration]):
+def _initializer(policy_dir: Path, stage: RolloutStageConfig, demonstrations: list[list[Demonstration]]):
     import functools
 
     return functools.partial(_start_worker, str(policy_dir), asdict(stage), demonstrations)
@@ -248,11 +277,14 @@ def contact_sheet(results: list[EpisodeResult], path: Path, columns: int = 10) -
 def report(results: dict[str, list[EpisodeResult]], stage: RolloutStageConfig) -> dict[str, Any]:
     """metrics/rollout.json: one summary a controller, the policy's first; what the scenes were."""
     first = stage.first_seed
+    rig = bool(results["policy"] and results["policy"][0].gripper_outcomes)
+    rule = (
+        "rig.rig_rollout_scene: plan_rig with SeedSequence([ROLLOUT_ENTROPY, RIG_SCENES, grippers, seed])"
+        if rig
+        else "episode.rollout_scene: plan_motion with SeedSequence([ROLLOUT_ENTROPY, seed])"
+    )
     return {
-        "scenes": {
-            "seeds": [first, first + stage.episodes - 1],
-            "rule": "episode.rollout_scene: plan_motion with SeedSequence([ROLLOUT_ENTROPY, seed])",
-        },
+        "scenes": {"seeds": [first, first + stage.episodes - 1], "rule": rule},
         "time_limit_s": stage.time_limit_s,
         "latency_ms": stage.latency_ms,
         "max_speed_m_s": stage.max_speed_m_s,

@@ -98,7 +98,7 @@ class PolicyRunner:
     ) -> tuple[dict[str, torch.Tensor], int, dict[int, GripperAnchor]]:
         """The policy's input batch of one, t, and each gripper's pose and width at t."""
         spec = self.spec
-        self._require_the_policys(observation)
+        self._require_what_the_policy_takes(observation)
         t = int(observation.frame_ns[-1])
         wanted = t - self.observation_offsets_ns  # (O,) oldest first
         if episode_start_ns is not None:
@@ -136,7 +136,7 @@ class PolicyRunner:
         }
         return batch, t, anchors
 
-    def _require_the_policys(self, observation: Observation) -> None:
+    def _require_what_the_policy_takes(self, observation: Observation) -> None:
         """Every gripper the policy drives, and no gripper or camera it does not know."""
         spec = self.spec
         missing = [i for i in spec.grippers if i not in observation.grippers]
