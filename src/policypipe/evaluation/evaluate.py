@@ -204,14 +204,6 @@ def held_out_sides(stats: dict[str, Any]) -> dict[str, list[int]]:
     return ({"test": split["test"]} if split["test"] else {}) | {"validation": split["val"]}
 
 
-def other_episode_images(samples: Samples, seed: int) -> torch.Tensor | None:
-    """Each sample's observation frames replaced by those of a sample of another episode
-    (a seeded shuffle); None with a single episode."""
-    if len(set(samples.episodes.tolist())) < 2:
-        return None
-    return samples.batch["obs_images"][torch.from_numpy(foreign_episode_partners(samples.episodes, seed))]
-
-
 def constant_images(samples: Samples, stats: dict[str, Any], camera: int = 0) -> torch.Tensor:
     """Camera `camera`'s training frames' mean colour in place of its every frame, as a broadcast view."""
     image_stats = stats["image"][layout.camera_rgb(camera)]
@@ -539,12 +531,14 @@ def compare_policies(
     baseline_errors = {
         b: executed_errors(chunk, recorded, window.n_action_steps) for b, chunk in baselines.items()
     }
-    other = other_episode_images(samples, config.seed)
+    other = camera_ablations(samples, stats, config.seed).get(ABLATION_OTHER_EPISODES)  # camera 0's
     if other is None:
         omitted[ABLATION_OTHER_EPISODES] = "needs at least 2 episodes on this side"
 
-    def stacked(side: list[DiffusionPolicy], images: torch.Tensor | None) -> dict[str, np.ndarray]:
-        batch = samples.batch if images is None else samples.batch | {"obs_images": images}
+    def stacked(
+        side: list[DiffusionPolicy], replaced: dict[str, torch.Tensor] | None
+    ) -> dict[str, np.ndarray]:
+        batch = samples.batch | (replaced or {})
         per_seed = [
             executed_errors(
                 predict(p, batch, config.batch_size, config.seed), recorded, window.n_action_steps
