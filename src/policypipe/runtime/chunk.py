@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policypipe.runtime.observation import number_zero
+
 # A target's parts, as the protocol names them (gripper i >= 1 prefixed robot{i}_).
 TARGET_FIELDS = ("position", "quaternion", "width")
 
@@ -35,17 +37,9 @@ class ActionChunk:
     relative: np.ndarray  # (H, 10 G) the policy's output per gripper: relative pose (9), width change (1)
 
     # Gripper 0's targets, by recording format 1's names (its only gripper).
-    @property
-    def position(self) -> np.ndarray:
-        return self.grippers[0].position
-
-    @property
-    def quaternion(self) -> np.ndarray:
-        return self.grippers[0].quaternion
-
-    @property
-    def width(self) -> np.ndarray:
-        return self.grippers[0].width
+    position = number_zero("grippers", "position")
+    quaternion = number_zero("grippers", "quaternion")
+    width = number_zero("grippers", "width")
 
     def fields(self) -> dict[str, object]:
         """The chunk by the protocol's names: gripper 0's targets as `position`, `quaternion`,

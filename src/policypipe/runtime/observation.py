@@ -27,6 +27,12 @@ CAMERA_FIELDS = ("frame_ns", "frames")
 GRIPPER_FIELDS = ("pose_ns", "position", "quaternion", "width_ns", "width")
 
 
+def number_zero(collection: str, field: str) -> property:
+    """A read-only alias of `self.<collection>[0].<field>`: camera 0's or gripper 0's field by the
+    name recording format 1 gave it (its only camera and gripper)."""
+    return property(lambda self: getattr(getattr(self, collection)[0], field), doc=f"{collection}[0].{field}")
+
+
 @dataclass(frozen=True)
 class CameraFrames:
     frame_ns: np.ndarray  # (F,) int64 capture times of the camera's latest frames, increasing
@@ -51,33 +57,14 @@ class Observation:
     cameras: dict[int, CameraFrames]
     grippers: dict[int, GripperState]
 
-    @property
-    def frame_ns(self) -> np.ndarray:
-        return self.cameras[0].frame_ns
-
-    @property
-    def frames(self) -> np.ndarray:
-        return self.cameras[0].frames
-
-    @property
-    def pose_ns(self) -> np.ndarray:
-        return self.grippers[0].pose_ns
-
-    @property
-    def position(self) -> np.ndarray:
-        return self.grippers[0].position
-
-    @property
-    def quaternion(self) -> np.ndarray:
-        return self.grippers[0].quaternion
-
-    @property
-    def width_ns(self) -> np.ndarray:
-        return self.grippers[0].width_ns
-
-    @property
-    def width(self) -> np.ndarray:
-        return self.grippers[0].width
+    # Recording format 1's names: camera 0's and gripper 0's fields.
+    frame_ns = number_zero("cameras", "frame_ns")
+    frames = number_zero("cameras", "frames")
+    pose_ns = number_zero("grippers", "pose_ns")
+    position = number_zero("grippers", "position")
+    quaternion = number_zero("grippers", "quaternion")
+    width_ns = number_zero("grippers", "width_ns")
+    width = number_zero("grippers", "width")
 
     @classmethod
     def checked(
