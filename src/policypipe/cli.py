@@ -38,6 +38,19 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_lerobot(args: argparse.Namespace) -> int:
+    from policypipe.interop.lerobot import LeRobotExportConfig, export_lerobot
+
+    t0 = time.monotonic()
+    summary = export_lerobot(args.dataset, args.out, LeRobotExportConfig(task=args.task))
+    print(
+        f"wrote {summary.out}: LeRobotDataset v3.0, {summary.episodes} episodes, {summary.frames} frames "
+        f"({summary.filled_slots} grid slots of dropped frames filled with the nearer frame), "
+        f"{summary.bytes_written / 1e6:.1f} MB in {time.monotonic() - t0:.1f} s"
+    )
+    return 0
+
+
 def _pair(args: argparse.Namespace) -> int:
     from policypipe.atomic import write_json_atomic
     from policypipe.recordings.pairing import PairConfig, pair_export, summary_lines
@@ -593,6 +606,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="read convert.topics from here, where it exists (default: params.yaml)",
     )
     p.set_defaults(func=_predict)
+
+    export = sub.add_parser(
+        "export",
+        help="write a dataset in another tool's format (lerobot: LeRobotDataset v3.0)",
+        description="Datasets for other tools (docs/interop.md).",
+    ).add_subparsers(dest="format", required=True)
+    p = export.add_parser(
+        "lerobot",
+        help="a LeRobotDataset v3.0 folder that lerobot's LeRobotDataset(repo_id, root=OUT) loads",
+        description="Write DATASET (converted with convert.resample_hz, an integer rate) as a "
+        "LeRobotDataset v3.0 folder: parquet data and episodes, H.264 videos per camera, stats with "
+        "quantiles, and the dataset's fingerprint in meta/info.json.",
+    )
+    p.add_argument("dataset", type=Path, metavar="DATASET", help="a dataset (data/dataset.zarr)")
+    p.add_argument("out", type=Path, metavar="OUT", help="folder to create (must not exist)")
+    p.add_argument("--task", required=True, help="the task string of the demonstrations (LeRobot's task)")
+    p.set_defaults(func=_export_lerobot)
 
     remote = sub.add_parser(
         "remote",

@@ -1,0 +1,1 @@
+"""Other tools' dataset formats: export to LeRobotDataset v3.0 (docs/interop.md)."""
