@@ -150,3 +150,8 @@ def test_a_dataset_off_a_grid_or_an_existing_folder_is_refused(exported, tmp_pat
     with pytest.raises(ExportError, match=r"convert.resample_hz"):
         export_lerobot(root / "ds.zarr", root / "out", LeRobotExportConfig(task=TASK))
     assert not (root / "out").exists() and not (root / "out.partial").exists()
+    # Refused while writing (H.264's yuv420p needs even sizes): nothing half-written is left.
+    convert(export, root / "odd.zarr", replace(CONFIG, image_size=(31, 24)))
+    with pytest.raises(ExportError, match="even"):
+        export_lerobot(root / "odd.zarr", root / "out", LeRobotExportConfig(task=TASK))
+    assert not (root / "out").exists() and not (root / "out.partial").exists()

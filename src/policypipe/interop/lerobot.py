@@ -118,10 +118,6 @@ def export_lerobot(store: Path, out: Path, config: LeRobotExportConfig) -> Expor
     action = frame_state[offsets + next_slot]
     timestamp = (frame_index / fps).astype(np.float32)
 
-    partial = out.with_name(out.name + ".partial")
-    if partial.exists():
-        shutil.rmtree(partial)
-    (partial / "meta").mkdir(parents=True)
     names = state_names(grippers)
     columns: dict[str, np.ndarray] = {
         "observation.state": frame_state,
@@ -134,6 +130,33 @@ def export_lerobot(store: Path, out: Path, config: LeRobotExportConfig) -> Expor
     }
     for k in cameras[1:]:  # whether the row has camera k's frame (convert.max_camera_offset_ms)
         columns[f"observation.camera{k}_valid"] = root[layout.camera_valid(k)][:][rows]
+    partial = out.with_name(out.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    (partial / "meta").mkdir(parents=True)
+    try:
+        _write_folder(partial, store, root, config, fps, cameras, rows, lengths, filled, columns, names)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)  # nothing half-written is left behind
+        raise
+    written = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file())
+    partial.rename(out)  # whole exports only
+    return ExportSummary(out, len(lengths), int(lengths.sum()), int(sum(filled)), written)
+
+
+def _write_folder(
+    partial: Path,
+    store: Path,
+    root: zarr.Group,
+    config: LeRobotExportConfig,
+    fps: int,
+    cameras: list[int],
+    rows: np.ndarray,
+    lengths: np.ndarray,
+    filled: list[int],
+    columns: dict[str, np.ndarray],
+    names: list[str],
+) -> None:
     _write_data(partial / DATA_PATH.format(chunk_index=0, file_index=0), columns)
     image_size = tuple(root.attrs[layout.ATTRS_IMAGE_SIZE])
     video_keys = {k: f"observation.images.camera{k}" for k in cameras}
@@ -143,7 +166,7 @@ def export_lerobot(store: Path, out: Path, config: LeRobotExportConfig) -> Expor
         image_stats[key] = _write_video(
             path, FrameShardReader(store, layout.camera_rgb(k)), rows, fps, config.crf
         )
-    features = _features(names, cameras, video_keys, image_size, fps, config.crf)
+    features = _features(names, cameras, video_keys, image_size, fps)
     stats = {name: _vector_stats(values) for name, values in columns.items()} | image_stats
     write_json_atomic(partial / "meta/stats.json", stats)
     _write_tasks(partial / "meta/tasks.parquet", [config.task])
@@ -194,9 +217,6 @@ def export_lerobot(store: Path, out: Path, config: LeRobotExportConfig) -> Expor
             ],
         },
     )
-    written = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file())
-    partial.rename(out)  # whole exports only
-    return ExportSummary(out, len(lengths), int(lengths.sum()), int(sum(filled)), written)
 
 
 def state_names(grippers: list[int]) -> list[str]:
@@ -414,7 +434,6 @@ def _features(
     video_keys: dict[int, str],
     image_size: tuple[int, int],
     fps: int,
-    crf: int,
 ) -> dict[str, Any]:
     width, height = image_size
     vector = {"dtype": "float32", "shape": [len(names)], "names": names}
