@@ -102,6 +102,14 @@ def vio_of(rig_export, record: dict) -> Path:  # noqa: F811
     return rig_export[0] / f"{record['stem']}_vio.mcap"
 
 
+def one_anchor(rig_export, rig_dataset) -> tuple[dict, int, int, dict[str, np.ndarray]]:  # noqa: F811
+    """Episode 0's record, an anchor row of it, its capture time and a robot's fields there."""
+    root, result, _ = rig_dataset
+    record = result.episodes[0]
+    _, anchor, t = anchors_and_times(root, result, 0)[1]
+    return record, anchor, t, robot_observation(vio_of(rig_export, record), t)
+
+
 def test_a_robots_observation_of_every_gripper_and_camera_gives_trainings_batch(
     rig_export,  # noqa: F811
     rig_dataset,  # noqa: F811
@@ -139,10 +147,9 @@ def test_each_grippers_chunk_is_composed_onto_its_own_pose(
     rig_dataset,  # noqa: F811
     rig_runner: PolicyRunner,
 ) -> None:
-    root, result, _ = rig_dataset
-    record = result.episodes[0]
-    _, anchor, t = anchors_and_times(root, result, 0)[1]
-    observation = Observation.checked(**robot_observation(vio_of(rig_export, record), t))
+    root = rig_dataset[0]
+    record, anchor, _, fields = one_anchor(rig_export, rig_dataset)
+    observation = Observation.checked(**fields)
     chunk = rig_runner.act(observation, seed=3, episode_start_ns=record["start_ns"])
     assert set(chunk.grippers) == {0, 1} and chunk.relative.shape == (WINDOW.horizon, 20)
     for g in (0, 1):
@@ -173,10 +180,7 @@ def test_a_camera_not_sent_is_absent_for_every_step_and_a_gripper_not_sent_is_re
     rig_dataset,  # noqa: F811
     rig_runner: PolicyRunner,
 ) -> None:
-    root, result, _ = rig_dataset
-    record = result.episodes[0]
-    _, _, t = anchors_and_times(root, result, 0)[1]
-    fields = robot_observation(vio_of(rig_export, record), t)
+    _, _, _, fields = one_anchor(rig_export, rig_dataset)
     without_scene = {k: v for k, v in fields.items() if not k.startswith(f"camera{SCENE}_")}
     batch, _, _ = rig_runner.prepare(Observation.checked(**without_scene))
     assert not batch[f"obs_valid_camera{SCENE}"].any() and batch["obs_valid_camera1"].all()

@@ -22,10 +22,7 @@ def test_a_served_rig_chunk_holds_every_grippers_targets_as_in_process(
     rig_runner,
     rig_policy,  # noqa: F811
 ) -> None:
-    root, result, _ = rig_dataset
-    record = result.episodes[0]
-    _, _, t = rig_runtime.anchors_and_times(root, result, 0)[1]
-    fields = rig_runtime.robot_observation(rig_runtime.vio_of(rig_export, record), t)
+    record, _, _, fields = rig_runtime.one_anchor(rig_export, rig_dataset)
     expected = rig_runner.act(Observation.checked(**fields), seed=5, episode_start_ns=record["start_ns"])
     with serving(rig_runner, rig_policy) as running, PolicyClient(running.url) as client:
         assert "robot1_quaternion" in client.metadata["request"]["fields"]
