@@ -15,7 +15,7 @@ from common import fail, load_config, setup_logging
 from policypipe.atomic import write_json_atomic
 from policypipe.lineage.hashing import sha256_file, sha256_path
 from policypipe.lineage.provenance import StageRun
-from policypipe.rollout.references import training_demonstrations
+from policypipe.rollout.references import not_of_the_sample_scene, training_demonstrations
 from policypipe.rollout.report import (
     CONTROLLERS,
     RolloutStageConfig,
@@ -41,6 +41,15 @@ def main() -> None:
     config = load_config("rollout", RolloutStageConfig)
 
     started = time.monotonic()
+    if reason := not_of_the_sample_scene(args.dataset):
+        with StageRun("rollout", params={"rollout": asdict(config)}) as run:
+            write_json_atomic(args.metrics, {"not_run": reason})
+            args.plots.mkdir(parents=True, exist_ok=True)
+        run.inputs[args.policy.as_posix()] = sha256_path(args.policy)
+        run.add_outputs([args.metrics])
+        run.write(args.provenance)
+        print(f"rollout: not run: {reason}")
+        return
     with StageRun("rollout", params={"rollout": asdict(config)}) as run:
         try:
             spec = RuntimeSpec.read(

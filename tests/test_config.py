@@ -16,7 +16,10 @@ def test_params_section_becomes_a_typed_frozen_config() -> None:
 @pytest.mark.parametrize(
     ("mapping", "message"),
     [
-        ({"tsak": "x"}, "unknown key(s) tsak; known keys are: accept_truncated, hash_workers, task"),
+        (
+            {"tsak": "x"},
+            "unknown key(s) tsak; known keys are: accept_truncated, hash_workers, hdf5, source, task",
+        ),
         ({"accept_truncated": "yes"}, "pair.accept_truncated: expected true or false"),
         ({"hash_workers": 1.5}, "pair.hash_workers: expected an integer"),
         ({"hash_workers": -1}, "hash_workers must be >= 0"),

@@ -53,9 +53,15 @@ def _export_lerobot(args: argparse.Namespace) -> int:
 
 def _pair(args: argparse.Namespace) -> int:
     from policypipe.atomic import write_json_atomic
+    from policypipe.recordings.hdf5 import Hdf5Config
     from policypipe.recordings.pairing import PairConfig, pair_export, summary_lines
 
-    config = PairConfig(task=args.task, accept_truncated=args.accept_truncated)
+    hdf5 = Hdf5Config(
+        filter_key=args.filter_key,
+        control_hz=args.control_hz,
+        **({"cameras": args.cameras} if args.cameras else {}),
+    )
+    config = PairConfig(task=args.task, accept_truncated=args.accept_truncated, source=args.source, hdf5=hdf5)
     result = pair_export(args.export, config)
     for line in summary_lines(result):
         print(line)
@@ -425,11 +431,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "pair",
         help="check an export folder: what pairs, what is rejected and why",
-        description="Pair S.mcap / S_vio.mcap / S_vio.json by exact stem and report every other file.",
+        description="Pair S.mcap / S_vio.mcap / S_vio.json by exact stem and report every other file; "
+        "with --source robomimic, list the demos of its HDF5 files and why any cannot be read.",
     )
     p.add_argument("export", type=Path, metavar="EXPORT_DIR")
     p.add_argument("--task", default=None, help="reject recordings of another task")
     p.add_argument("--accept-truncated", action="store_true", help="accept _vio.mcap files without footer")
+    p.add_argument("--source", choices=("mcap", "robomimic"), default="mcap", help="what the folder holds")
+    p.add_argument("--filter-key", default=None, help="robomimic: only the demos of mask/FILTER_KEY")
+    p.add_argument(
+        "--cameras", nargs="+", default=None, help="robomimic: the camera obs keys, camera 0 first"
+    )
+    p.add_argument(
+        "--control-hz", type=float, default=None, help="robomimic: the rate, where env_args lacks it"
+    )
     p.add_argument("--report", type=Path, default=None, help="write the JSON report here")
     p.add_argument("-v", "--verbose", action="store_true", help="list every rejected file")
     p.set_defaults(func=_pair)

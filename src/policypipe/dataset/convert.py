@@ -31,14 +31,18 @@ def recordings_from_manifest(manifest: dict[str, Any], export_root: Path) -> lis
     inputs = []
     for rec in manifest["recordings"]:
         frames = rec.get("status", {}).get("frames")
+        source = rec.get("source")  # an HDF5 demo: its file is the `hdf5` entry
+        read = rec["files"]["hdf5" if source else "vio"]
         inputs.append(
             RecordingInput(
                 stem=rec["stem"],
                 folder=rec["folder"],
-                vio_path=export_root / rec["files"]["vio"]["path"],
-                vio_sha256=rec["files"]["vio"]["sha256"],
+                vio_path=export_root / read["path"],
+                vio_sha256=read["sha256"],
                 truncated=bool(rec.get("truncated", False)),
                 expected_frames=frames if isinstance(frames, int) and not isinstance(frames, bool) else None,
+                # Its file's export-relative path with it: the dataset's lineage names both.
+                source=source and {**source, "path": read["path"]},
             )
         )
     return inputs

@@ -41,6 +41,7 @@ DECISIVE_DISTRIBUTIONS = (
     "opencv-python-headless",
     "av",
     "zarr",
+    "h5py",
     "mcap",
     "protobuf",
     "foxglove-schemas-protobuf",
@@ -82,6 +83,9 @@ class RecordingInput:
     vio_sha256: str
     truncated: bool
     expected_frames: int | None
+    # An HDF5 demo (pair.source robomimic): the manifest's `source`, `recordings.hdf5.DemoSource`;
+    # vio_path and vio_sha256 are then its file's. None: a studio recording's `_vio.mcap`.
+    source: dict[str, Any] | None = None
 
 
 def conversion_params(config: ConvertConfig) -> dict[str, Any]:
@@ -106,19 +110,23 @@ def cache_key(rec: RecordingInput, config: ConvertConfig) -> str:
             "truncated": rec.truncated,
             "expected_frames": rec.expected_frames,
         }
+        | ({"source": rec.source} if rec.source is not None else {})
     )
     return hashlib.sha256(blob).hexdigest()
 
 
 def record_of(rec: RecordingInput, key: str) -> dict[str, Any]:
     """What every record says of its recording, converted or excluded."""
-    return {
+    record = {
         "stem": rec.stem,
         "folder": rec.folder,
         "vio_sha256": rec.vio_sha256,
         "truncated": rec.truncated,
         "key": key,
     }
+    if rec.source is not None:  # the lineage of an HDF5 demo: its file's path and its key inside it
+        record |= {"source": {k: rec.source[k] for k in ("format", "path", "key")}}
+    return record
 
 
 def cached_record(record_path: Path) -> dict[str, Any] | None:

@@ -32,6 +32,7 @@ from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.episode import CameraEpisode, build_episode
 from policypipe.dataset.errors import DatasetError, DiskFullError, megabytes
 from policypipe.processes import process_pool
+from policypipe.recordings.hdf5 import DemoSource, read_demo_streams
 from policypipe.recordings.messages import RecordingError
 from policypipe.recordings.streams import read_streams
 
@@ -60,7 +61,11 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
         return cached
     record = record_of(rec, key)
     try:
-        streams = read_streams(rec.vio_path, config.topics, config.grippers, config.cameras)
+        if rec.source is not None:
+            demo = DemoSource.from_json(rec.source)
+            streams = read_demo_streams(rec.vio_path, demo, config.grippers, config.cameras)
+        else:
+            streams = read_streams(rec.vio_path, config.topics, config.grippers, config.cameras)
         episode = build_episode(streams, config)
         if rec.expected_frames is not None and rec.expected_frames != episode.frames_in:
             episode.warnings.append(

@@ -210,6 +210,12 @@ def decode_frames(camera: CameraStream, image_size: tuple[int, int]) -> DecodedF
     rgb = np.zeros((len(camera.data), h, w, 3), np.uint8)
     if camera.format == "h264":
         dropped = _decode_h264(camera.data, rgb)
+    elif camera.format == "rgb":  # raw rows of an HDF5 source: resized only
+        assert camera.shape is not None
+        shape = (*camera.shape, 3)
+        for data, out in zip(camera.data, rgb):
+            out[:] = resize_frame(np.frombuffer(data, np.uint8).reshape(shape), (w, h))
+        dropped = [None] * len(camera.data)
     else:
         dropped = [_decode_still_into(data, out) for data, out in zip(camera.data, rgb)]
     return DecodedFrames(capture_ns=camera.ns, rgb=rgb, dropped=dropped)
@@ -617,10 +623,11 @@ def _other_camera(
     n = len(t_cam)
     name = stream_name("camera", k)
     if k not in streams.cameras:
+        looked = streams.camera_sources.get(k) or "topics " + " or ".join(config.topics.camera_candidates(k))
         if config.on_missing_camera == "exclude":
             raise RecordingError(
                 "missing_camera",
-                f"{name} has no readable frame (topics {' or '.join(config.topics.camera_candidates(k))}); "
+                f"{name} has no readable frame ({looked}); "
                 "convert.on_missing_camera: mask keeps such recordings with the camera marked absent",
             )
         warnings.append(f"{name} has no readable frame in the recording: every row marks it missing")

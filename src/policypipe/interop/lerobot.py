@@ -213,6 +213,8 @@ def _write_folder(
                     "frames": int(lengths[e]),
                     "filled_slots": filled[e],
                 }
+                # An imported demo: vio_sha256 is its HDF5 file's, and this its key inside it.
+                | ({"source": ep["source"]} if "source" in ep else {})
                 for e, ep in enumerate(episodes)
             ],
         },

@@ -253,6 +253,8 @@ def _recording_links(
                         for role, f in sorted(r["files"].items())
                     },
                 }
+                # An HDF5 demo: its group inside the file too.
+                | ({"key": r["source"]["key"]} if "source" in r else {})
                 for r in recordings
             ],
         }
@@ -296,6 +298,7 @@ def format_trace(result: dict[str, Any]) -> str:
         elif what == "recordings":
             lines.append(f"{arrow}{link['count']} recordings:")
             for rec in link["recordings"]:
+                inside = f"  {rec['key']}" if "key" in rec else ""
                 for f in rec["files"].values():
-                    lines.append(f"   {f['sha256']}  {f['path']}")
+                    lines.append(f"   {f['sha256']}  {f['path']}{inside}")
     return "\n".join(lines)

@@ -50,6 +50,11 @@ class Role(enum.Enum):
     RAW = "raw"
     VIO = "vio"
     STATUS = "status"
+    HDF5 = "hdf5"  # a robomimic / MimicGen file, the source of each of its demos (`recordings.hdf5`)
+
+
+# The three files of one studio recording.
+MCAP_ROLES = (Role.RAW, Role.VIO, Role.STATUS)
 
 
 def classify(name: str) -> tuple[Role, str] | None:

@@ -18,11 +18,14 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
 from policypipe.lineage.hashing import sha256_files, tree_digest
+from policypipe.recordings.hdf5 import SUFFIXES as HDF5_SUFFIXES
+from policypipe.recordings.hdf5 import Hdf5Config, Hdf5Rejected, inventory
 from policypipe.recordings.layout import (
     MAX_STATUS_BYTES,
+    MCAP_ROLES,
     STATUS_FIELDS,
     STATUS_REQUIRED_KEYS,
     STATUS_SUCCESS,
@@ -50,6 +53,10 @@ class PairConfig:
     accept_truncated: bool = False
     # Files hashed concurrently; 0 means a sensible default for the machine.
     hash_workers: int = 0
+    # mcap: the studio's export (S.mcap, S_vio.mcap, S_vio.json); robomimic: robomimic / MimicGen
+    # HDF5 files, each demo a recording, read as `hdf5` says (docs/interop.md, "Import").
+    source: Literal["mcap", "robomimic"] = "mcap"
+    hdf5: Hdf5Config = field(default_factory=Hdf5Config)
 
     def __post_init__(self) -> None:
         if self.task is not None and not self.task.strip():
@@ -78,6 +85,12 @@ class Reason(str, enum.Enum):
     SYMLINK_LOOP = "symlink_loop"
     NAME_NOT_UTF8 = "name_not_utf8"
     UNREADABLE = "unreadable"
+    # An HDF5 source (pair.source: robomimic), `recordings.hdf5`:
+    NOT_HDF5 = "not_hdf5"
+    NOT_ROBOMIMIC = "not_robomimic"
+    NO_FILTER = "no_filter"
+    NO_DEMOS = "no_demos"
+    NO_CONTROL_RATE = "no_control_rate"
 
 
 @dataclass(frozen=True)
@@ -101,15 +114,18 @@ class Recording:
     files: dict[Role, FileEntry]
     status: dict[str, Any]
     truncated: bool
+    # An HDF5 demo: where it is inside its file and how to read it (`hdf5.DemoSource.to_json`).
+    source: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        entry = {
             "stem": self.stem,
             "folder": self.folder,
             "truncated": self.truncated,
             "files": {role.value: vars(entry) for role, entry in self.files.items()},
             "status": self.status,
         }
+        return entry | ({"source": self.source} if self.source is not None else {})
 
 
 @dataclass(frozen=True)
@@ -122,12 +138,12 @@ class PairingResult:
     files_seen: int = field(default=0)
 
     def manifest(self) -> dict[str, Any]:
-        return {
-            "format_version": MANIFEST_VERSION,
-            "task": self.config.task,
-            "accept_truncated": self.config.accept_truncated,
-            "recordings": [r.to_json() for r in self.recordings],
-        }
+        head = {"format_version": MANIFEST_VERSION}
+        if self.config.source == "mcap":
+            head |= {"task": self.config.task, "accept_truncated": self.config.accept_truncated}
+        else:
+            head |= {"source": self.config.source}
+        return head | {"recordings": [r.to_json() for r in self.recordings]}
 
     def report(self) -> dict[str, Any]:
         return {
@@ -138,16 +154,25 @@ class PairingResult:
         }
 
     def metrics(self) -> dict[str, Any]:
-        by_reason = Counter(r.reason.value for r in self.rejections)
-        rejected_stems = {(PurePosixPath(r.path).parent, _stem_of(r.path)) for r in self.rejections}
-        return {
+        # An HDF5 demo's rejection is "file#key": one demo of a file whose other demos may pair.
+        files = [r for r in self.rejections if "#" not in r.path]
+        by_reason = Counter(r.reason.value for r in files)
+        rejected_stems = {(PurePosixPath(r.path).parent, _stem_of(r.path)) for r in files}
+        metrics = {
             "recordings_accepted": len(self.recordings),
             "recordings_truncated_accepted": sum(r.truncated for r in self.recordings),
             "recording_stems_rejected": len({s for s in rejected_stems if s[1] is not None}),
             "files_seen": self.files_seen,
-            "files_rejected": len(self.rejections),
+            "files_rejected": len(files),
             "files_rejected_by_reason": dict(sorted(by_reason.items())),
         }
+        if self.config.source != "mcap":
+            demos = Counter(r.reason.value for r in self.rejections if "#" in r.path)
+            metrics |= {
+                "demos_rejected": sum(demos.values()),
+                "demos_rejected_by_reason": dict(sorted(demos.items())),
+            }
+        return metrics
 
 
 def _stem_of(path: str) -> str | None:
@@ -156,7 +181,8 @@ def _stem_of(path: str) -> str | None:
 
 
 def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
-    """Pairs every recording of an export folder; see the module docstring."""
+    """Pairs every recording of an export folder (see the module docstring), or with
+    `config.source` robomimic takes the inventory of its HDF5 files, each demo a recording."""
     root = Path(export_root)
     if not root.is_dir():
         raise FileNotFoundError(f"export folder {root} does not exist or is not a folder")
@@ -170,7 +196,6 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
         else:
             rejections.append(Rejection(export_relative_path(path, root), reason, detail))
 
-    digests: dict[Path, str] = {}
     readable: list[Path] = []
     for path in candidates:
         try:
@@ -196,6 +221,27 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
     digests = sha256_files(readable, workers=workers)
     export_sha256 = tree_digest({export_relative_path(p, root): d for p, d in digests.items()})
 
+    pair = _inventory_hdf5 if config.source == "robomimic" else _pair_mcap
+    recordings = pair(root, readable, digests, config, rejections)
+    rejections.sort(key=lambda r: r.path)
+    log.info("paired %d recordings, rejected %d files", len(recordings), len(rejections))
+    return PairingResult(
+        recordings=tuple(recordings),
+        rejections=tuple(rejections),
+        export_sha256=export_sha256,
+        config=config,
+        files_seen=len(candidates) + sum(1 for r in rejections if r.reason in _WALK_REASONS),
+    )
+
+
+def _pair_mcap(
+    root: Path,
+    readable: list[Path],
+    digests: dict[Path, str],
+    config: PairConfig,
+    rejections: list[Rejection],
+) -> list[Recording]:
+    """The studio's recordings: S.mcap, S_vio.mcap and S_vio.json by stem."""
     # stem -> folder -> role -> path
     by_stem: dict[str, dict[str, dict[Role, Path]]] = defaultdict(lambda: defaultdict(dict))
     for path in readable:
@@ -237,21 +283,57 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
             role: FileEntry(
                 export_relative_path(files[role], root), files[role].stat().st_size, digests[files[role]]
             )
-            for role in Role
+            for role in MCAP_ROLES
         }
         recordings.append(Recording(stem, folder, entries, outcome.status, outcome.truncated))
     recordings, copies = _without_copies(recordings)
     rejections.extend(copies)
+    return recordings
 
-    rejections.sort(key=lambda r: r.path)
-    log.info("paired %d recordings, rejected %d files", len(recordings), len(rejections))
-    return PairingResult(
-        recordings=tuple(recordings),
-        rejections=tuple(rejections),
-        export_sha256=export_sha256,
-        config=config,
-        files_seen=len(candidates) + sum(1 for r in rejections if r.reason in _WALK_REASONS),
-    )
+
+def _inventory_hdf5(
+    root: Path,
+    readable: list[Path],
+    digests: dict[Path, str],
+    config: PairConfig,
+    rejections: list[Rejection],
+) -> list[Recording]:
+    """Every demo of every robomimic file, a recording each (stem `<file stem>.demo_N`); a file or
+    demo that cannot be read is in the report with its reason, the rest are kept."""
+    by_stem: dict[str, list[Recording]] = defaultdict(list)
+    for path in readable:
+        where = export_relative_path(path, root)
+        if path.suffix.lower() not in HDF5_SUFFIXES:
+            detail = f"not an HDF5 file (pair.source is robomimic: inputs are {' or '.join(HDF5_SUFFIXES)})"
+            rejections.append(Rejection(where, Reason.NOT_AN_INPUT, detail))
+            continue
+        try:
+            demos, bad = inventory(path, config.hdf5)
+        except Hdf5Rejected as exc:
+            rejections.append(Rejection(where, Reason(exc.reason), exc.detail))
+            continue
+        rejections.extend(Rejection(f"{where}#{key}", Reason(reason), detail) for key, reason, detail in bad)
+        entry = FileEntry(where, path.stat().st_size, digests[path])
+        folder = export_relative_path(path.parent, root)
+        for demo in demos:
+            stem = f"{path.stem}.{demo.key.rpartition('/')[2]}"
+            by_stem[stem].append(
+                Recording(
+                    stem, folder, {Role.HDF5: entry}, {"frames": demo.frames}, False, demo.source.to_json()
+                )
+            )
+    recordings = []
+    for stem, found in by_stem.items():  # file by file in the walk's order, each file's demos by number
+        if len(found) == 1:
+            recordings.append(found[0])
+            continue
+        files = " and ".join(r.files[Role.HDF5].path for r in found)
+        detail = f"demo {stem!r} is in {files}: file stems must be unique across the export; rename one"
+        rejections.extend(
+            Rejection(f"{r.files[Role.HDF5].path}#{r.source['key']}", Reason.DUPLICATE_STEM, detail)
+            for r in found
+        )
+    return recordings
 
 
 _WALK_REASONS = {
@@ -305,10 +387,10 @@ def _check_recording(
 ) -> _Accepted | _Rejected:
     """The verdict on one folder's files of one stem; the first failed rule is the reason."""
     names = file_names(stem)
-    missing = [names[role] for role in Role if role not in files]
+    missing = [names[role] for role in MCAP_ROLES if role not in files]
     if missing:
         return _Rejected(Reason.NOT_PAIRED, f"recording {stem!r} is incomplete: missing {', '.join(missing)}")
-    empty = [names[role] for role in Role if files[role].stat().st_size == 0]
+    empty = [names[role] for role in MCAP_ROLES if files[role].stat().st_size == 0]
     if empty:
         return _Rejected(Reason.EMPTY, f"{', '.join(empty)} is empty (0 bytes)")
 
@@ -573,9 +655,19 @@ def summary_lines(result: PairingResult) -> list[str]:
             if metrics["recordings_truncated_accepted"]
             else ""
         )
-        + f"; rejected {metrics['files_rejected']} of {metrics['files_seen']} files"
+        + (
+            f"; rejected {metrics['demos_rejected']} demos and"
+            if "demos_rejected" in metrics
+            else "; rejected"
+        )
+        + f" {metrics['files_rejected']} of {metrics['files_seen']} files"
     ]
-    for reason, count in metrics["files_rejected_by_reason"].items():
-        example = next(r for r in result.rejections if r.reason.value == reason)
-        lines.append(f"  {count:4d} {reason}: e.g. {example.path}: {example.detail}")
+    for whose in ("demos", "files"):
+        for reason, count in metrics.get(f"{whose}_rejected_by_reason", {}).items():
+            example = next(
+                r
+                for r in result.rejections
+                if r.reason.value == reason and ("#" in r.path) == (whose == "demos")
+            )
+            lines.append(f"  {count:4d} {reason}: e.g. {example.path}: {example.detail}")
     return lines

@@ -68,8 +68,9 @@ def stream_name(kind: str, index: int) -> str:
 class CameraStream:
     topic: str  # which of the camera's candidate topics was used
     ns: np.ndarray  # int64 (M,), capture time of each message, file order
-    data: list[bytes]  # (M,) compressed frames
-    format: str  # "jpeg" | "png" | "h264"
+    data: list[bytes]  # (M,) compressed frames, or raw RGB rows for "rgb"
+    format: str  # "jpeg" | "png" | "h264" | "rgb" (an HDF5 source's uint8 arrays, `recordings.hdf5`)
+    shape: tuple[int, int] | None = None  # "rgb": each frame's (height, width)
 
 
 @dataclass
@@ -96,6 +97,8 @@ class Streams:
     damage: list[str] = field(default_factory=list)  # one line per damaged chunk or kind of skipped message
     warnings: list[str] = field(default_factory=list)  # e.g. two candidate topics with messages
     missing_cameras: tuple[int, ...] = ()  # asked for, and without a single message in the file
+    # Where camera k was looked for, when not in convert.topics (an HDF5 source's obs key).
+    camera_sources: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def of_one_gripper(

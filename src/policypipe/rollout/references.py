@@ -100,6 +100,21 @@ def _heading(quaternion: np.ndarray) -> float:
     return float(np.arctan2(x_axis[1], x_axis[0]))
 
 
+def not_of_the_sample_scene(store: Path) -> str | None:
+    """Why a dataset's policy cannot be rolled out in the sample's simulator, or None: a dataset
+    imported from HDF5 (robomimic's robots, cameras and tasks) is not of the sample scene."""
+    import zarr
+
+    episodes = zarr.open_group(store, mode="r").attrs[layout.ATTRS_EPISODES]
+    imported = sorted({ep["source"]["format"] for ep in episodes if "source" in ep})
+    if not imported:
+        return None
+    return (
+        f"{store} was imported from {' and '.join(imported)} HDF5 files: the closed loop runs in the "
+        "synthetic sample's scene only, so its policy is evaluated offline (metrics/eval.json)"
+    )
+
+
 def training_demonstrations(store: Path, stats: dict, gripper: int = 0) -> list[Demonstration]:
     """The training side's episodes of the dataset (`stats`' split), as gripper `gripper`'s paths."""
     import zarr
