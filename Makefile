@@ -59,6 +59,7 @@ clean-demo:
 # Benchmarks print ratios against baselines measured in the same run (these machines are noisy).
 bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.bench_convert
+	$(BIN)/python -m tests.benchmarks.bench_import_hdf5
 	$(BIN)/python -m tests.benchmarks.bench_stats
 	$(BIN)/python -m tests.benchmarks.bench_train
 	$(BIN)/python -m tests.benchmarks.bench_serve
