@@ -27,7 +27,7 @@ def test_dvc_repro_runs_end_to_end_on_robomimic_files_with_lineage_to_each_demo(
     )
     (raw / "lift_copy.hdf5.partial").write_bytes(b"half a copy")
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["pair"] |= {"source": "robomimic", "hdf5": {"cameras": list(CAMERAS)}}
+    params["pair"] |= {"source": "robomimic", "robomimic": {"cameras": list(CAMERAS)}}
     params["convert"] |= {"cameras": [0, 1], "on_missing_camera": "mask"}
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(repo, "dvc", "add", "--quiet", "data/raw")

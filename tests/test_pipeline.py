@@ -42,14 +42,14 @@ def test_provenance_of_pair_holds_code_environment_machine_and_hashes(pipeline_r
     assert prov["accelerator"]["device"] in ("cpu", "cuda")
     assert prov["host"]["cpu_count"] >= 1
     assert "stages/pair.py" in prov["command"]
-    assert prov["params"] | {"hdf5": None} == {
+    assert prov["params"] | {"robomimic": None} == {
         "task": "pick_place",
         "accept_truncated": False,
         "hash_workers": 0,
         "source": "mcap",
-        "hdf5": None,  # the HDF5 source's params, recorded too
+        "robomimic": None,  # the HDF5 source's params, recorded too
     }
-    assert prov["params"]["hdf5"]["cameras"] == ["agentview_image"]
+    assert prov["params"]["robomimic"]["cameras"] == ["agentview_image"]
     assert set(prov["inputs_sha256"]) == {"data/raw"}
     assert set(prov["outputs_sha256"]) == {
         "data/manifest.json",

@@ -53,15 +53,17 @@ def _export_lerobot(args: argparse.Namespace) -> int:
 
 def _pair(args: argparse.Namespace) -> int:
     from policypipe.atomic import write_json_atomic
-    from policypipe.recordings.hdf5 import Hdf5Config
+    from policypipe.recordings.hdf5 import RobomimicConfig
     from policypipe.recordings.pairing import PairConfig, pair_export, summary_lines
 
-    hdf5 = Hdf5Config(
+    robomimic = RobomimicConfig(
         filter_key=args.filter_key,
         control_hz=args.control_hz,
         **({"cameras": args.cameras} if args.cameras else {}),
     )
-    config = PairConfig(task=args.task, accept_truncated=args.accept_truncated, source=args.source, hdf5=hdf5)
+    config = PairConfig(
+        task=args.task, accept_truncated=args.accept_truncated, source=args.source, robomimic=robomimic
+    )
     result = pair_export(args.export, config)
     for line in summary_lines(result):
         print(line)

@@ -29,7 +29,7 @@ from policypipe.dataset.convert import convert_dataset
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.episode import resize_frame
 from policypipe.dataset.image_codec import encode_jpeg
-from policypipe.recordings.hdf5 import Hdf5Config
+from policypipe.recordings.hdf5 import RobomimicConfig
 from policypipe.recordings.pairing import PairConfig, pair_export
 from tests.recordings.robomimic_files import CAMERAS, demo_arrays
 
@@ -85,7 +85,7 @@ def main() -> None:
         bare_read(export / "lift.hdf5", config)
         timed["bare h5py read + resize + JPEG"] = time.perf_counter() - started
 
-        pair = PairConfig(source="robomimic", hdf5=Hdf5Config(cameras=CAMERAS))
+        pair = PairConfig(source="robomimic", robomimic=RobomimicConfig(cameras=CAMERAS))
         for workers in (1, os.cpu_count() or 1):
             out = Path(tmp) / f"run{workers}"
             out.mkdir()

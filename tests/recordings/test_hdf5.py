@@ -16,27 +16,27 @@ from policypipe.dataset.convert import convert_dataset
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.episode import resize_frame
 from policypipe.lineage.hashing import sha256_file
-from policypipe.recordings.hdf5 import Hdf5Config, Hdf5Rejected, finger_opening, inventory
+from policypipe.recordings.hdf5 import Hdf5Rejected, RobomimicConfig, finger_opening, robomimic_inventory
 from policypipe.recordings.pairing import PairConfig, pair_export
 from tests.recordings.robomimic_files import CAMERAS, write_robomimic
 
-TWO_CAMERAS = Hdf5Config(cameras=CAMERAS)
+TWO_CAMERAS = RobomimicConfig(cameras=CAMERAS)
 
 
 def test_demos_come_in_numeric_order_and_a_filter_keeps_only_its_demos(tmp_path: Path) -> None:
     path = tmp_path / "lift.hdf5"
     write_robomimic(path, {10: 20, 2: 20, 0: 20, 1: 20}, masks={"valid": [10, 1]})
 
-    demos, rejected = inventory(path, Hdf5Config())
+    demos, rejected = robomimic_inventory(path, RobomimicConfig())
     assert [d.key for d in demos] == ["data/demo_0", "data/demo_1", "data/demo_2", "data/demo_10"]
     assert rejected == []
     assert {d.source.control_hz for d in demos} == {20.0}  # env_args' env_kwargs.control_freq
 
-    filtered, _ = inventory(path, Hdf5Config(filter_key="valid"))
+    filtered, _ = robomimic_inventory(path, RobomimicConfig(filter_key="valid"))
     assert [d.key for d in filtered] == ["data/demo_1", "data/demo_10"]
 
     with pytest.raises(Hdf5Rejected) as refused:
-        inventory(path, Hdf5Config(filter_key="train"))
+        robomimic_inventory(path, RobomimicConfig(filter_key="train"))
     assert refused.value.reason == "no_filter"
     assert "no mask/train in the file (it has valid)" in refused.value.detail
 
@@ -45,15 +45,15 @@ def test_the_control_rate_is_the_files_else_the_param_else_the_file_is_refused(t
     path = tmp_path / "no_rate.hdf5"
     write_robomimic(path, {0: 20}, control_freq=None)
     with pytest.raises(Hdf5Rejected) as refused:
-        inventory(path, Hdf5Config())
+        robomimic_inventory(path, RobomimicConfig())
     assert refused.value.reason == "no_control_rate"
-    assert "set pair.hdf5.control_hz" in refused.value.detail
+    assert "set pair.robomimic.control_hz" in refused.value.detail
 
-    demos, _ = inventory(path, Hdf5Config(control_hz=15.0))
+    demos, _ = robomimic_inventory(path, RobomimicConfig(control_hz=15.0))
     assert demos[0].source.control_hz == 15.0
     # The file's own rate wins over the param, which is only for files that lack one.
     write_robomimic(path, {0: 20}, control_freq=10)
-    demos, _ = inventory(path, Hdf5Config(control_hz=15.0))
+    demos, _ = robomimic_inventory(path, RobomimicConfig(control_hz=15.0))
     assert demos[0].source.control_hz == 10.0
 
 
@@ -76,7 +76,7 @@ def test_the_inventory_reports_every_file_and_demo_it_cannot_read_and_keeps_the_
     metrics = result.metrics()
     assert (metrics["demos_rejected"], metrics["files_rejected"], metrics["files_seen"]) == (1, 2, 3)
     detail = next(r.detail for r in result.rejections if r.path.endswith("demo_3"))
-    assert "no obs/robot0_eef_quat" in detail and "pair.hdf5" in detail
+    assert "no obs/robot0_eef_quat" in detail and "pair.robomimic" in detail
 
     manifest = result.manifest()
     entry = manifest["recordings"][1]
@@ -146,7 +146,7 @@ def test_a_demo_without_a_kept_camera_is_masked_or_excluded_as_convert_says(tmp_
     export = tmp_path / "export"
     export.mkdir()
     write_robomimic(export / "lift.hdf5", {0: 20, 1: 20}, without={1: (CAMERAS[1],)})
-    pair = PairConfig(source="robomimic", hdf5=TWO_CAMERAS)
+    pair = PairConfig(source="robomimic", robomimic=TWO_CAMERAS)
 
     root, excluded = _convert(export, tmp_path / "masked", pair, cameras=(0, 1), on_missing_camera="mask")
     assert excluded == []

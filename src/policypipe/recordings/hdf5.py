@@ -12,14 +12,14 @@ Two halves, one per stage:
 - `read_demo_streams` (the `convert` stage): one demo as the `Streams` an MCAP recording gives, so
   it becomes an episode by the same code: same quality rules, interpolation, resampling, cache.
 
-What is read, per gripper i (robomimic's `robot{i}_` keys; `pair.hdf5` names gripper 0's):
+What is read, per gripper i (robomimic's `robot{i}_` keys; `pair.robomimic` names gripper 0's):
 - the pose: `robot0_eef_pos` (m) and `robot0_eef_quat` (x, y, z, w, as robosuite writes it), the
   end effector in the robot's base frame. The demos' `actions` are usually delta OSC commands;
   they are not read: like the handheld gripper's, the policy learns the recorded poses;
 - the width: `robot0_gripper_qpos` holds the two finger joints (Panda: each finger's distance
   from the centre, the left one positive, the right one negative), so the opening is their
   difference, `qpos[:, 0] - qpos[:, 1]` (m);
-- camera k: the k-th name of `pair.hdf5.cameras` (`agentview_image`, ...), uint8 RGB rows as stored.
+- camera k: the k-th name of `pair.robomimic.cameras` (`agentview_image`, ...), uint8 RGB rows as stored.
 Every sample of row t is stamped t / control_hz s: the rows are the control steps.
 """
 
@@ -42,8 +42,8 @@ _DEMO = re.compile(r"demo_(\d+)")
 
 
 @dataclass(frozen=True)
-class Hdf5Config:
-    """`pair.hdf5` in params.yaml: how to read the HDF5 files when `pair.source` is robomimic."""
+class RobomimicConfig:
+    """`pair.robomimic` in params.yaml: how to read the HDF5 files when `pair.source` is robomimic."""
 
     # mask/<filter_key>: only the demos it lists (null: every demo of data/).
     filter_key: str | None = None
@@ -114,7 +114,7 @@ class Demo:
     source: DemoSource
 
 
-def inventory(path: Path, config: Hdf5Config) -> tuple[list[Demo], list[tuple[str, str, str]]]:
+def robomimic_inventory(path: Path, config: RobomimicConfig) -> tuple[list[Demo], list[tuple[str, str, str]]]:
     """The readable demos of one robomimic file, in numeric order, and (key, reason, detail) for
     each demo that is not. Raises Hdf5Rejected when the file as a whole cannot serve."""
     import h5py
@@ -138,7 +138,7 @@ def inventory(path: Path, config: Hdf5Config) -> tuple[list[Demo], list[tuple[st
                 raise Hdf5Rejected(
                     "no_filter",
                     f"no mask/{config.filter_key} in the file (it has {', '.join(have) or 'no masks'}): "
-                    "set pair.hdf5.filter_key to one of them, or null for every demo",
+                    "set pair.robomimic.filter_key to one of them, or null for every demo",
                 )
             listed = [n.decode() if isinstance(n, bytes) else str(n) for n in mask[()]]
             unknown = sorted(set(listed) - set(names))
@@ -167,7 +167,7 @@ def inventory(path: Path, config: Hdf5Config) -> tuple[list[Demo], list[tuple[st
                         f"data/{name}",
                         "missing_keys",
                         f"no obs/{', obs/'.join(missing)} (it has: {', '.join(have) or 'no obs/ group'}); "
-                        "name the file's keys in pair.hdf5",
+                        "name the file's keys in pair.robomimic",
                     )
                 )
                 continue
@@ -178,8 +178,8 @@ def inventory(path: Path, config: Hdf5Config) -> tuple[list[Demo], list[tuple[st
     return demos, rejected
 
 
-def _control_rate(data: Any, config: Hdf5Config) -> float:
-    """env_args' env_kwargs.control_freq; else pair.hdf5.control_hz; else the file is refused."""
+def _control_rate(data: Any, config: RobomimicConfig) -> float:
+    """env_args' env_kwargs.control_freq; else pair.robomimic.control_hz; else the file is refused."""
     raw = data.attrs.get("env_args")
     rate = None
     if raw is not None:
@@ -197,7 +197,7 @@ def _control_rate(data: Any, config: Hdf5Config) -> float:
         return float(config.control_hz)
     raise Hdf5Rejected(
         "no_control_rate",
-        "data.attrs['env_args'] gives no env_kwargs.control_freq: set pair.hdf5.control_hz to the rate "
+        "data.attrs['env_args'] gives no env_kwargs.control_freq: set pair.robomimic.control_hz to the rate "
         "the demos were recorded at (robosuite's default is 20 Hz)",
     )
 
@@ -242,7 +242,9 @@ def read_demo_streams(
         found, missing_cameras, looked = {}, [], {}
         for k in cameras:
             name = source.cameras[k] if k < len(source.cameras) else None
-            looked[k] = f"obs/{name} of {source.key}" if name else f"pair.hdf5.cameras names no camera {k}"
+            looked[k] = (
+                f"obs/{name} of {source.key}" if name else f"pair.robomimic.cameras names no camera {k}"
+            )
             if name is None or name not in obs:
                 if k == 0:
                     raise RecordingError("missing_topic", f"{source.key} has no obs/{name} (camera 0)")

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from policypipe.lineage.hashing import sha256_files, tree_digest
 from policypipe.recordings.hdf5 import SUFFIXES as HDF5_SUFFIXES
-from policypipe.recordings.hdf5 import Hdf5Config, Hdf5Rejected, inventory
+from policypipe.recordings.hdf5 import Hdf5Rejected, RobomimicConfig, robomimic_inventory
 from policypipe.recordings.layout import (
     MAX_STATUS_BYTES,
     MCAP_ROLES,
@@ -54,9 +54,9 @@ class PairConfig:
     # Files hashed concurrently; 0 means a sensible default for the machine.
     hash_workers: int = 0
     # mcap: the studio's export (S.mcap, S_vio.mcap, S_vio.json); robomimic: robomimic / MimicGen
-    # HDF5 files, each demo a recording, read as `hdf5` says (docs/interop.md, "Import").
+    # HDF5 files, each demo a recording, read as `robomimic` says (docs/interop.md, "Import").
     source: Literal["mcap", "robomimic"] = "mcap"
-    hdf5: Hdf5Config = field(default_factory=Hdf5Config)
+    robomimic: RobomimicConfig = field(default_factory=RobomimicConfig)
 
     def __post_init__(self) -> None:
         if self.task is not None and not self.task.strip():
@@ -308,7 +308,7 @@ def _inventory_hdf5(
             rejections.append(Rejection(where, Reason.NOT_AN_INPUT, detail))
             continue
         try:
-            demos, bad = inventory(path, config.hdf5)
+            demos, bad = robomimic_inventory(path, config.robomimic)
         except Hdf5Rejected as exc:
             rejections.append(Rejection(where, Reason(exc.reason), exc.detail))
             continue
