@@ -18,7 +18,8 @@ def test_params_section_becomes_a_typed_frozen_config() -> None:
     [
         (
             {"tsak": "x"},
-            "unknown key(s) tsak; known keys are: accept_truncated, hash_workers, robomimic, source, task",
+            "unknown key(s) tsak; known keys are: "
+            "accept_truncated, aloha, hash_workers, robomimic, source, task",
         ),
         ({"accept_truncated": "yes"}, "pair.accept_truncated: expected true or false"),
         ({"hash_workers": 1.5}, "pair.hash_workers: expected an integer"),

@@ -125,7 +125,7 @@ def record_of(rec: RecordingInput, key: str) -> dict[str, Any]:
         "key": key,
     }
     if rec.source is not None:  # the lineage of an HDF5 demo: its file's path and its key inside it
-        record |= {"source": {k: rec.source[k] for k in ("format", "path", "key")}}
+        record |= {"source": {k: rec.source[k] for k in ("format", "path", "key") if k in rec.source}}
     return record
 
 
@@ -158,7 +158,7 @@ def episode_arrays(episode: Episode, jpeg_quality: int) -> dict[str, np.ndarray]
     """The arrays of a cache entry: camera 0's frames as JPEG and gripper 0's values under their
     version 1 names; another gripper's under `robot{i}_`, another camera's under `camera{k}_`."""
     arrays = {
-        **_jpeg_arrays(episode.rgb, jpeg_quality, ""),
+        **jpeg_arrays(episode.rgb, jpeg_quality, ""),
         "capture_ns": episode.capture_ns,
     }
     for i, gripper in episode.grippers.items():
@@ -175,14 +175,15 @@ def episode_arrays(episode: Episode, jpeg_quality: int) -> dict[str, np.ndarray]
         }
     for k, camera in episode.cameras.items():
         arrays |= {
-            **_jpeg_arrays(camera.rgb, jpeg_quality, f"camera{k}_"),
+            **jpeg_arrays(camera.rgb, jpeg_quality, f"camera{k}_"),
             f"camera{k}_offset_ns": camera.offset_ns,
             f"camera{k}_valid": camera.valid,
         }
     return arrays
 
 
-def _jpeg_arrays(rgb: np.ndarray, jpeg_quality: int, prefix: str) -> dict[str, np.ndarray]:
+def jpeg_arrays(rgb: np.ndarray, jpeg_quality: int, prefix: str) -> dict[str, np.ndarray]:
+    """Frames as a cache entry holds them: their JPEG bytes end to end, and where each starts."""
     encoded = [encode_jpeg(frame, jpeg_quality) for frame in rgb]
     offsets = np.concatenate([[0], np.cumsum([len(e) for e in encoded])]).astype(np.int64)
     return {
@@ -194,7 +195,11 @@ def _jpeg_arrays(rgb: np.ndarray, jpeg_quality: int, prefix: str) -> dict[str, n
 def save_arrays(path: Path, episode: Episode, jpeg_quality: int) -> None:
     # Frames are JPEG-encoded here, in the worker, in parallel: the cache stays small and the
     # store is assembled from these exact bytes without coding anything again.
-    arrays = episode_arrays(episode, jpeg_quality)
+    write_arrays(path, episode_arrays(episode, jpeg_quality), len(episode.capture_ns))
+
+
+def write_arrays(path: Path, arrays: dict[str, np.ndarray], frames: int) -> None:
+    """A cache entry's arrays, written to a temporary name, synced, then renamed."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -206,7 +211,7 @@ def save_arrays(path: Path, episode: Episode, jpeg_quality: int) -> None:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError) and is_disk_full(exc):
             needed = sum(a.nbytes for a in arrays.values())
-            raise DiskFullError(str(path), needed, len(episode.capture_ns)) from None
+            raise DiskFullError(str(path), needed, frames) from None
         raise
 
 

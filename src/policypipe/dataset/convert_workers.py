@@ -14,6 +14,7 @@ import shutil
 import traceback
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +25,20 @@ from policypipe.dataset.convert_cache import (
     RecordingInput,
     cache_key,
     cached_record,
+    jpeg_arrays,
     record_of,
     save_arrays,
+    write_arrays,
     write_cache_file,
 )
 from policypipe.dataset.convert_config import ConvertConfig
-from policypipe.dataset.episode import CameraEpisode, build_episode
+from policypipe.dataset.episode import CameraEpisode, build_episode, measured_frequency, missing_frames
 from policypipe.dataset.errors import DatasetError, DiskFullError, megabytes
+from policypipe.dataset.joint import REPRESENTATION as JOINT
+from policypipe.dataset.joint import build_joint_episode, joint_arrays
 from policypipe.processes import process_pool
+from policypipe.recordings.aloha import ALOHA, read_aloha
+from policypipe.recordings.aloha import EpisodeSource as AlohaSource
 from policypipe.recordings.hdf5 import DemoSource, read_demo_streams
 from policypipe.recordings.messages import RecordingError
 from policypipe.recordings.streams import read_streams
@@ -61,18 +68,10 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
         return cached
     record = record_of(rec, key)
     try:
-        if rec.source is not None:
-            demo = DemoSource.from_json(rec.source)
-            streams = read_demo_streams(rec.vio_path, demo, config.grippers, config.cameras)
+        if rec.source is not None and rec.source["format"] == ALOHA:
+            summary = _convert_joint(rec, config, cache_dir / f"{key}.npz")
         else:
-            streams = read_streams(rec.vio_path, config.topics, config.grippers, config.cameras)
-        episode = build_episode(streams, config)
-        if rec.expected_frames is not None and rec.expected_frames != episode.frames_in:
-            episode.warnings.append(
-                f"status json says {rec.expected_frames} frames, "
-                f"the recording has {episode.frames_in} (truncated copy?)"
-            )
-        save_arrays(cache_dir / f"{key}.npz", episode, config.jpeg_quality)
+            summary = _convert_poses(rec, config, cache_dir / f"{key}.npz")
     except RecordingError as exc:
         record |= {"excluded": exc.reason, "detail": str(exc)}
     except DiskFullError:
@@ -80,35 +79,105 @@ def convert_recording(rec: RecordingInput, config: ConvertConfig, cache_dir: Pat
     except Exception as exc:  # noqa: BLE001 - one recording must never stop the others
         return record | _unexpected_failure(rec, exc)
     else:
-        record |= {
-            "start_ns": int(episode.capture_ns[0]),
-            "frames": len(episode.capture_ns),
-            "pose_samples": len(episode.pose_ns),
-            "width_samples": len(episode.width_ns),
-            "frames_in": episode.frames_in,
-            "dropped": episode.dropped,
-            "frequency_hz": round(episode.frequency_hz, 6),
-            "camera_gaps": episode.camera_gaps,
-            "camera_topic": episode.camera_topic,
-            "lost_messages": episode.lost_messages,
-            # Why reading stopped before the file's end (no index to skip the damage), or None.
-            "read_stopped": episode.read_stopped,
-            "resample_offset_ms": _offset_summary_ms(episode.resample_offset_ns),
-            "warnings": episode.warnings,
-        }
-        for i, gripper in episode.grippers.items():
-            if i != 0:
-                record |= {
-                    f"robot{i}_pose_samples": len(gripper.pose_ns),
-                    f"robot{i}_width_samples": len(gripper.width_ns),
-                }
-        if episode.cameras:
-            record["cameras"] = {f"camera{k}": _camera_summary(c) for k, c in episode.cameras.items()}
+        record |= summary
     # The record is written last: its presence means the entry is complete. It is returned as
     # read back, so a fresh and a cached conversion give the same attributes, key order included.
     blob = canonical_json(record)
     write_cache_file(record_path, blob, frames=record.get("frames", 0))
     return json.loads(blob)
+
+
+def _convert_poses(rec: RecordingInput, config: ConvertConfig, npz: Path) -> dict[str, Any]:
+    """A recording (or a robomimic demo) of gripper poses into the cache; its record's summary."""
+    if rec.source is not None:
+        demo = DemoSource.from_json(rec.source)
+        streams = read_demo_streams(rec.vio_path, demo, config.grippers, config.cameras)
+    else:
+        streams = read_streams(rec.vio_path, config.topics, config.grippers, config.cameras)
+    episode = build_episode(streams, config)
+    if rec.expected_frames is not None and rec.expected_frames != episode.frames_in:
+        episode.warnings.append(
+            f"status json says {rec.expected_frames} frames, "
+            f"the recording has {episode.frames_in} (truncated copy?)"
+        )
+    save_arrays(npz, episode, config.jpeg_quality)
+    summary = {
+        "start_ns": int(episode.capture_ns[0]),
+        "frames": len(episode.capture_ns),
+        "pose_samples": len(episode.pose_ns),
+        "width_samples": len(episode.width_ns),
+        "frames_in": episode.frames_in,
+        "dropped": episode.dropped,
+        "frequency_hz": round(episode.frequency_hz, 6),
+        "camera_gaps": episode.camera_gaps,
+        "camera_topic": episode.camera_topic,
+        "lost_messages": episode.lost_messages,
+        # Why reading stopped before the file's end (no index to skip the damage), or None.
+        "read_stopped": episode.read_stopped,
+        "resample_offset_ms": _offset_summary_ms(episode.resample_offset_ns),
+        "warnings": episode.warnings,
+    }
+    for i, gripper in episode.grippers.items():
+        if i != 0:
+            summary |= {
+                f"robot{i}_pose_samples": len(gripper.pose_ns),
+                f"robot{i}_width_samples": len(gripper.width_ns),
+            }
+    if episode.cameras:
+        summary["cameras"] = {f"camera{k}": _camera_summary(c) for k, c in episode.cameras.items()}
+    return summary
+
+
+def _convert_joint(rec: RecordingInput, config: ConvertConfig, npz: Path) -> dict[str, Any]:
+    """An ALOHA episode (joint space) into the cache; its record's summary, as a recording's has it."""
+    if config.resample_hz is not None:
+        raise RecordingError(
+            "resample_unsupported",
+            "convert.resample_hz is set: an ALOHA episode's rows are its control steps, already on a grid; "
+            "set it to null",
+        )
+    source = AlohaSource.from_json(rec.source)
+    streams = read_aloha(rec.vio_path, source, config.cameras)
+    try:
+        episode = build_joint_episode(streams, config)
+    finally:
+        streams.close()
+    write_arrays(
+        npz,
+        joint_arrays(episode, partial(jpeg_arrays, jpeg_quality=config.jpeg_quality)),
+        len(episode.capture_ns),
+    )
+    n = len(episode.capture_ns)
+    return {
+        "representation": JOINT,
+        "joint_names": list(source.joint_names),
+        "start_ns": int(episode.capture_ns[0]),
+        "frames": n,
+        "frames_in": episode.frames_in,
+        "dropped": episode.dropped,
+        "frequency_hz": round(measured_frequency(episode.capture_ns), 6),
+        "camera_gaps": missing_frames(episode.capture_ns),
+        "camera_topic": episode.camera_topic,
+        "lost_messages": {},
+        "read_stopped": None,
+        "resample_offset_ms": None,
+        "warnings": episode.warnings,
+        "cameras": {
+            # As a recording's cameras are summarised (`_camera_summary`): here they share the rows.
+            f"camera{k}": {
+                "topic": episode.camera_topics[k] or None,
+                "frames_in": int(valid.sum()),
+                "frequency_hz": source.control_hz if valid.any() else None,
+                "gaps": 0,
+                "dropped": {},
+                "rows_missing": int((~valid).sum()),
+                "offset_ms": {"mean_abs": 0.0, "max_abs": 0.0}
+                if valid.any()
+                else {"mean_abs": None, "max_abs": None},
+            }
+            for k, valid in episode.valid.items()
+        },
+    }
 
 
 def _offset_summary_ms(offset_ns: np.ndarray | None) -> dict[str, float] | None:

@@ -211,13 +211,12 @@ def decode_frames(camera: CameraStream, image_size: tuple[int, int]) -> DecodedF
     if camera.format == "h264":
         dropped = _decode_h264(camera.data, rgb)
     elif camera.format == "rgb":  # raw rows of an HDF5 source: resized only
-        assert camera.shape is not None
-        shape = (*camera.shape, 3)
-        for data, out in zip(camera.data, rgb):
-            out[:] = resize_frame(np.frombuffer(data, np.uint8).reshape(shape), (w, h))
+        for frame, out in zip(camera.data, rgb):
+            out[:] = resize_frame(np.asarray(frame), (w, h))
         dropped = [None] * len(camera.data)
     else:
-        dropped = [_decode_still_into(data, out) for data, out in zip(camera.data, rgb)]
+        swap = camera.format != "jpeg_rgb"
+        dropped = [_decode_still_into(data, out, swap) for data, out in zip(camera.data, rgb)]
     return DecodedFrames(capture_ns=camera.ns, rgb=rgb, dropped=dropped)
 
 
@@ -233,14 +232,16 @@ def decode_still_bgr(data: bytes) -> np.ndarray | None:
         return None
 
 
-def _decode_still_into(data: bytes, out: np.ndarray) -> str | None:
-    """Decodes one JPEG/PNG into `out` (H, W, 3) RGB; returns why not, or None."""
+def _decode_still_into(data: bytes, out: np.ndarray, swap: bool = True) -> str | None:
+    """Decodes one JPEG/PNG into `out` (H, W, 3) RGB; returns why not, or None. `swap` false: the
+    image was encoded from an RGB array as if BGR, so OpenCV's decoded order is RGB already."""
     bgr = decode_still_bgr(data)
     if bgr is None:
         return UNDECODABLE
     # Resize first, then swap channels: both work on each channel alone, so the bytes are the
     # same as swap-then-resize, and no second full-resolution buffer is made.
-    out[:] = cv2.cvtColor(resize_frame(bgr, (out.shape[1], out.shape[0])), cv2.COLOR_BGR2RGB)
+    small = resize_frame(bgr, (out.shape[1], out.shape[0]))
+    out[:] = cv2.cvtColor(small, cv2.COLOR_BGR2RGB) if swap else small
     return None
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from policypipe.dataset import layout
+from policypipe.dataset import joint, layout
 from policypipe.dataset.convert_cache import conversion_params, load_arrays
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.errors import DatasetError, is_disk_full, megabytes
@@ -71,6 +71,9 @@ def assemble_store(
 def write_store(
     tmp: Path, episodes: list[dict[str, Any]], cache_dir: Path, config: ConvertConfig, frequency: float
 ) -> None:
+    if episodes[0].get("representation") == joint.REPRESENTATION:
+        write_joint_store(tmp, episodes, cache_dir, config, frequency)
+        return
     total = sum(ep["frames"] for ep in episodes)
     w, h = config.image_size
 
@@ -168,6 +171,77 @@ def write_store(
             layout.ATTRS_EPISODES: [{k: v for k, v in ep.items() if k != "key"} for ep in episodes],
             layout.ATTRS_GRIPPERS: list(config.grippers),
             layout.ATTRS_CAMERAS: list(config.cameras),
+        }
+    )
+
+
+def write_joint_store(
+    tmp: Path, episodes: list[dict[str, Any]], cache_dir: Path, config: ConvertConfig, frequency: float
+) -> None:
+    """A joint-space dataset (`dataset.joint`): the rows' joint vectors, commands and frames."""
+    total = sum(ep["frames"] for ep in episodes)
+    w, h = config.image_size
+    root = zarr.open_group(tmp, mode="w", zarr_format=3)
+    frames = {
+        k: FrameShardWriter(
+            tmp,
+            create_frames_array(
+                root, layout.camera_rgb(k), total, (w, h), layout.FRAMES_PER_SHARD, config.jpeg_quality
+            ),
+        )
+        for k in config.cameras
+    }
+    first = load_arrays(cache_dir, episodes[0]["key"])
+    dims = first["joint_state"].shape[1]
+
+    def rows(key: str, shape: tuple[int, ...], dtype: str) -> _Appender:
+        array = root.create_array(
+            key, shape=(total, *shape), dtype=dtype, chunks=(layout.LOWDIM_CHUNK, *shape)
+        )
+        return _Appender(array, layout.LOWDIM_CHUNK)
+
+    columns = {
+        layout.TIMESTAMP: rows(layout.TIMESTAMP, (), "float64"),
+        joint.STATE: rows(joint.STATE, (dims,), "float32"),
+        joint.ACTION: rows(joint.ACTION, (dims,), "float32"),
+        **{layout.camera_offset(k): rows(layout.camera_offset(k), (), "float64") for k in config.cameras[1:]},
+        **{layout.camera_valid(k): rows(layout.camera_valid(k), (), "bool") for k in config.cameras[1:]},
+    }
+    ends = [0]
+    for ep in episodes:
+        cached = load_arrays(cache_dir, ep["key"])
+        for k, writer in frames.items():
+            prefix = "" if k == 0 else f"camera{k}_"
+            data, offsets = cached[f"{prefix}jpeg"].tobytes(), cached[f"{prefix}jpeg_offsets"]
+            writer.append([data[a:b] for a, b in zip(offsets[:-1], offsets[1:])])
+        ns = cached["capture_ns"]
+        columns[layout.TIMESTAMP].append((ns - ns[0]).astype(np.float64) / 1e9)
+        columns[joint.STATE].append(cached["joint_state"])
+        columns[joint.ACTION].append(cached["joint_action"])
+        for k in config.cameras[1:]:
+            columns[layout.camera_offset(k)].append(cached[f"camera{k}_offset_ns"].astype(np.float64) / 1e9)
+            columns[layout.camera_valid(k)].append(cached[f"camera{k}_valid"])
+        ends.append(ends[-1] + len(ns))
+    for writer in frames.values():
+        writer.close()
+    for appender in columns.values():
+        appender.close()
+    root.create_array(
+        layout.EPISODE_ENDS, data=np.asarray(ends[1:], dtype=np.int64), chunks=(max(len(episodes), 1),)
+    )
+    names = episodes[0]["joint_names"]
+    root.attrs.update(
+        {
+            layout.ATTRS_FORMAT: layout.FORMAT_VERSION,
+            layout.ATTRS_FREQUENCY: frequency,
+            layout.ATTRS_IMAGE_SIZE: [w, h],
+            layout.ATTRS_PARAMS: conversion_params(config),
+            layout.ATTRS_EPISODES: [{k: v for k, v in ep.items() if k != "key"} for ep in episodes],
+            layout.ATTRS_GRIPPERS: [],
+            layout.ATTRS_CAMERAS: list(config.cameras),
+            joint.ATTRS_REPRESENTATION: joint.REPRESENTATION,
+            joint.ATTRS_JOINT_NAMES: names,
+            joint.ATTRS_GRIPPER_JOINTS: joint.gripper_joints(names),
         }
     )
 

@@ -254,7 +254,7 @@ def _recording_links(
                     },
                 }
                 # An HDF5 demo: its group inside the file too.
-                | ({"key": r["source"]["key"]} if "source" in r else {})
+                | ({"key": r["source"]["key"]} if "key" in r.get("source", {}) else {})
                 for r in recordings
             ],
         }

@@ -262,8 +262,7 @@ def read_demo_streams(
                     f"{source.key}: obs/{name} must be uint8 RGB rows (N, H, W, 3) with N = {rows}, "
                     f"it is {images.dtype} {images.shape}",
                 )
-            frames = images[()]
-            found[k] = CameraStream(name, ns, [frame.tobytes() for frame in frames], "rgb", frames.shape[1:3])
+            found[k] = CameraStream(name, ns, list(images[()]), "rgb")  # robomimic's frames are small
     return Streams(
         cameras=found,
         grippers=streams,

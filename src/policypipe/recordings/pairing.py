@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from policypipe.lineage.hashing import sha256_files, tree_digest
+from policypipe.recordings.aloha import AlohaConfig, aloha_inventory
 from policypipe.recordings.hdf5 import SUFFIXES as HDF5_SUFFIXES
 from policypipe.recordings.hdf5 import Hdf5Rejected, RobomimicConfig, robomimic_inventory
 from policypipe.recordings.layout import (
@@ -54,15 +55,19 @@ class PairConfig:
     # Files hashed concurrently; 0 means a sensible default for the machine.
     hash_workers: int = 0
     # mcap: the studio's export (S.mcap, S_vio.mcap, S_vio.json); robomimic: robomimic / MimicGen
-    # HDF5 files, each demo a recording, read as `robomimic` says (docs/interop.md, "Import").
-    source: Literal["mcap", "robomimic"] = "mcap"
+    # HDF5 files, each demo a recording, read as `robomimic` says; aloha: ALOHA / RDT HDF5 files,
+    # one episode each, in joint space, read as `aloha` says (docs/interop.md, "Import").
+    source: Literal["mcap", "robomimic", "aloha"] = "mcap"
     robomimic: RobomimicConfig = field(default_factory=RobomimicConfig)
+    aloha: AlohaConfig = field(default_factory=AlohaConfig)
 
     def __post_init__(self) -> None:
         if self.task is not None and not self.task.strip():
             raise ValueError("task must be a non-empty name, or null to accept every task")
         if self.hash_workers < 0:
             raise ValueError(f"hash_workers must be >= 0 (0 = automatic), got {self.hash_workers}")
+        if self.source == "aloha":
+            self.aloha.required_rate()  # refused before any file is read
 
 
 class Reason(str, enum.Enum):
@@ -221,7 +226,7 @@ def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
     digests = sha256_files(readable, workers=workers)
     export_sha256 = tree_digest({export_relative_path(p, root): d for p, d in digests.items()})
 
-    pair = _inventory_hdf5 if config.source == "robomimic" else _pair_mcap
+    pair = _pair_mcap if config.source == "mcap" else _inventory_hdf5
     recordings = pair(root, readable, digests, config, rejections)
     rejections.sort(key=lambda r: r.path)
     log.info("paired %d recordings, rejected %d files", len(recordings), len(rejections))
@@ -298,23 +303,33 @@ def _inventory_hdf5(
     config: PairConfig,
     rejections: list[Rejection],
 ) -> list[Recording]:
-    """Every demo of every robomimic file, a recording each (stem `<file stem>.demo_N`); a file or
-    demo that cannot be read is in the report with its reason, the rest are kept."""
+    """Every demo of every robomimic file, a recording each (stem `<file stem>.demo_N`), or every
+    ALOHA file, one recording (its stem); a file or demo that cannot be read is in the report with
+    its reason, the rest are kept."""
     by_stem: dict[str, list[Recording]] = defaultdict(list)
     for path in readable:
         where = export_relative_path(path, root)
         if path.suffix.lower() not in HDF5_SUFFIXES:
-            detail = f"not an HDF5 file (pair.source is robomimic: inputs are {' or '.join(HDF5_SUFFIXES)})"
+            detail = (
+                f"not an HDF5 file (pair.source is {config.source}: inputs are {' or '.join(HDF5_SUFFIXES)})"
+            )
             rejections.append(Rejection(where, Reason.NOT_AN_INPUT, detail))
             continue
+        entry = FileEntry(where, path.stat().st_size, digests[path])
+        folder = export_relative_path(path.parent, root)
         try:
+            if config.source == "aloha":
+                frames, episode = aloha_inventory(path, config.aloha)
+                status = {"frames": frames}
+                by_stem[path.stem].append(
+                    Recording(path.stem, folder, {Role.HDF5: entry}, status, False, episode.to_json())
+                )
+                continue
             demos, bad = robomimic_inventory(path, config.robomimic)
         except Hdf5Rejected as exc:
             rejections.append(Rejection(where, Reason(exc.reason), exc.detail))
             continue
         rejections.extend(Rejection(f"{where}#{key}", Reason(reason), detail) for key, reason, detail in bad)
-        entry = FileEntry(where, path.stat().st_size, digests[path])
-        folder = export_relative_path(path.parent, root)
         for demo in demos:
             stem = f"{path.stem}.{demo.key.rpartition('/')[2]}"
             by_stem[stem].append(
@@ -328,9 +343,13 @@ def _inventory_hdf5(
             recordings.append(found[0])
             continue
         files = " and ".join(r.files[Role.HDF5].path for r in found)
-        detail = f"demo {stem!r} is in {files}: file stems must be unique across the export; rename one"
+        detail = f"{stem!r} is in {files}: file stems must be unique across the export; rename one"
         rejections.extend(
-            Rejection(f"{r.files[Role.HDF5].path}#{r.source['key']}", Reason.DUPLICATE_STEM, detail)
+            Rejection(
+                r.files[Role.HDF5].path + (f"#{r.source['key']}" if "key" in r.source else ""),
+                Reason.DUPLICATE_STEM,
+                detail,
+            )
             for r in found
         )
     return recordings

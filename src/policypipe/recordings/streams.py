@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,9 +69,12 @@ def stream_name(kind: str, index: int) -> str:
 class CameraStream:
     topic: str  # which of the camera's candidate topics was used
     ns: np.ndarray  # int64 (M,), capture time of each message, file order
-    data: list[bytes]  # (M,) compressed frames, or raw RGB rows for "rgb"
-    format: str  # "jpeg" | "png" | "h264" | "rgb" (an HDF5 source's uint8 arrays, `recordings.hdf5`)
-    shape: tuple[int, int] | None = None  # "rgb": each frame's (height, width)
+    # (M,) compressed frames; for "rgb", (H, W, 3) uint8 arrays (an HDF5 source's raw rows, read
+    # when decoded: a sequence that reads its file row by row serves as well as a list)
+    data: Sequence
+    # "jpeg" | "png" | "h264"; "rgb": raw rows; "jpeg_rgb": JPEG or PNG of RGB arrays encoded as if
+    # BGR (OpenCV's imencode on an RGB array, as ACT's and RDT's HDF5 writers do)
+    format: str
 
 
 @dataclass
