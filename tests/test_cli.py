@@ -275,6 +275,7 @@ def test_compare_measures_a_sampling_choice_on_the_same_trained_policies(
         (["remote", "add", "x", "http://nope"], "'http://nope' is not an SSH remote URL"),  # RemoteError
         (["lineage", "{tmp}/nowhere"], "{tmp}/nowhere does not exist"),  # LineageError
         (["pair", "{tmp}/nowhere"], "export folder {tmp}/nowhere does not exist"),  # ValueError
+        (["pair", "{tmp}", "--source", "aloha"], "aloha.control_hz is required: ALOHA files do not hold"),
         (["sample", "{tmp}", "--recordings", "1"], "{tmp} is not empty"),  # FileExistsError
         (["serve", "{tmp}/nowhere"], "policy folder {tmp}/nowhere does not exist"),  # FileNotFoundError
         (["predict", "{tmp}", "{tmp}/something", "-o", "{tmp}/p.mcap"], "{tmp} has no runtime.json"),

@@ -53,17 +53,25 @@ def _export_lerobot(args: argparse.Namespace) -> int:
 
 def _pair(args: argparse.Namespace) -> int:
     from policypipe.atomic import write_json_atomic
+    from policypipe.recordings.aloha import AlohaConfig
     from policypipe.recordings.hdf5 import RobomimicConfig
     from policypipe.recordings.pairing import PairConfig, pair_export, summary_lines
 
-    robomimic = RobomimicConfig(
-        filter_key=args.filter_key,
-        control_hz=args.control_hz,
-        **({"cameras": args.cameras} if args.cameras else {}),
-    )
-    config = PairConfig(
-        task=args.task, accept_truncated=args.accept_truncated, source=args.source, robomimic=robomimic
-    )
+    cameras = {"cameras": args.cameras} if args.cameras else {}
+    robomimic = RobomimicConfig(filter_key=args.filter_key, control_hz=args.control_hz, **cameras)
+    aloha = AlohaConfig(control_hz=args.control_hz, **cameras)
+    try:
+        config = PairConfig(
+            task=args.task,
+            accept_truncated=args.accept_truncated,
+            source=args.source,
+            robomimic=robomimic,
+            aloha=aloha,
+        )
+    except ValueError as exc:
+        raise UsageError(
+            str(exc).replace("set it in params.yaml [pair] aloha", "give --control-hz")
+        ) from None
     result = pair_export(args.export, config)
     for line in summary_lines(result):
         print(line)
@@ -434,18 +442,22 @@ def build_parser() -> argparse.ArgumentParser:
         "pair",
         help="check an export folder: what pairs, what is rejected and why",
         description="Pair S.mcap / S_vio.mcap / S_vio.json by exact stem and report every other file; "
-        "with --source robomimic, list the demos of its HDF5 files and why any cannot be read.",
+        "with --source robomimic or aloha, list the demos or episodes of its HDF5 files and why any "
+        "cannot be read.",
     )
     p.add_argument("export", type=Path, metavar="EXPORT_DIR")
     p.add_argument("--task", default=None, help="reject recordings of another task")
     p.add_argument("--accept-truncated", action="store_true", help="accept _vio.mcap files without footer")
-    p.add_argument("--source", choices=("mcap", "robomimic"), default="mcap", help="what the folder holds")
-    p.add_argument("--filter-key", default=None, help="robomimic: only the demos of mask/FILTER_KEY")
     p.add_argument(
-        "--cameras", nargs="+", default=None, help="robomimic: the camera obs keys, camera 0 first"
+        "--source", choices=("mcap", "robomimic", "aloha"), default="mcap", help="what the folder holds"
     )
+    p.add_argument("--filter-key", default=None, help="robomimic: only the demos of mask/FILTER_KEY")
+    p.add_argument("--cameras", nargs="+", default=None, help="HDF5: the camera keys, camera 0 first")
     p.add_argument(
-        "--control-hz", type=float, default=None, help="robomimic: the rate, where env_args lacks it"
+        "--control-hz",
+        type=float,
+        default=None,
+        help="HDF5: the rate (robomimic: where env_args lacks it; aloha: required)",
     )
     p.add_argument("--report", type=Path, default=None, help="write the JSON report here")
     p.add_argument("-v", "--verbose", action="store_true", help="list every rejected file")

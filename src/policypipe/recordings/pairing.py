@@ -4,6 +4,10 @@ Every file under the export folder ends up either in an accepted recording of th
 or in the report with one reason. Nothing is matched by a fuzzy glob, nothing is dropped
 silently, and the manifest holds only export-relative paths so it is the same on a laptop
 and on a server.
+
+With `pair.source` robomimic or aloha the folder holds HDF5 files instead, and this is their
+inventory: each robomimic demo, or each ALOHA file, a recording (`recordings.hdf5`,
+`recordings.aloha`), with the same report of what cannot be read.
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ class Reason(str, enum.Enum):
     SYMLINK_LOOP = "symlink_loop"
     NAME_NOT_UTF8 = "name_not_utf8"
     UNREADABLE = "unreadable"
-    # An HDF5 source (pair.source: robomimic), `recordings.hdf5`:
+    # An HDF5 source (pair.source: robomimic or aloha), `recordings.hdf5` and `recordings.aloha`:
     NOT_HDF5 = "not_hdf5"
     NOT_ROBOMIMIC = "not_robomimic"
     NO_FILTER = "no_filter"
@@ -119,7 +123,8 @@ class Recording:
     files: dict[Role, FileEntry]
     status: dict[str, Any]
     truncated: bool
-    # An HDF5 demo: where it is inside its file and how to read it (`hdf5.DemoSource.to_json`).
+    # An HDF5 demo or episode: how to read it, and where it is in its file (`DemoSource.to_json`,
+    # `aloha.EpisodeSource.to_json`).
     source: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -171,7 +176,7 @@ class PairingResult:
             "files_rejected": len(files),
             "files_rejected_by_reason": dict(sorted(by_reason.items())),
         }
-        if self.config.source != "mcap":
+        if self.config.source == "robomimic":  # one file, many demos
             demos = Counter(r.reason.value for r in self.rejections if "#" in r.path)
             metrics |= {
                 "demos_rejected": sum(demos.values()),
@@ -186,8 +191,8 @@ def _stem_of(path: str) -> str | None:
 
 
 def pair_export(export_root: Path, config: PairConfig) -> PairingResult:
-    """Pairs every recording of an export folder (see the module docstring), or with
-    `config.source` robomimic takes the inventory of its HDF5 files, each demo a recording."""
+    """Pairs every recording of an export folder, or takes the inventory of its HDF5 files (see
+    the module docstring)."""
     root = Path(export_root)
     if not root.is_dir():
         raise FileNotFoundError(f"export folder {root} does not exist or is not a folder")
