@@ -78,15 +78,7 @@ def write_store(
     w, h = config.image_size
 
     root = zarr.open_group(tmp, mode="w", zarr_format=3)
-    frames = {
-        k: FrameShardWriter(
-            tmp,
-            create_frames_array(
-                root, layout.camera_rgb(k), total, (w, h), layout.FRAMES_PER_SHARD, config.jpeg_quality
-            ),
-        )
-        for k in config.cameras
-    }
+    frames = _frame_writers(root, tmp, config, total)
 
     def rows(key: str, count: int, dims: tuple[int, ...], dtype: str = "float64") -> tuple[str, zarr.Array]:
         return key, root.create_array(
@@ -124,10 +116,7 @@ def write_store(
         ends[layout.width_episode_ends(i)] = [0]
     for ep in episodes:
         cached = load_arrays(cache_dir, ep["key"])
-        for k, writer in frames.items():
-            prefix = "" if k == 0 else f"camera{k}_"
-            data, offsets = cached[f"{prefix}jpeg"].tobytes(), cached[f"{prefix}jpeg_offsets"]
-            writer.append([data[a:b] for a, b in zip(offsets[:-1], offsets[1:])])
+        _append_frames(frames, cached)
         ns = cached["capture_ns"]
 
         def seconds(t_ns: np.ndarray, first: int = int(ns[0])) -> np.ndarray:
@@ -182,17 +171,8 @@ def write_joint_store(
     total = sum(ep["frames"] for ep in episodes)
     w, h = config.image_size
     root = zarr.open_group(tmp, mode="w", zarr_format=3)
-    frames = {
-        k: FrameShardWriter(
-            tmp,
-            create_frames_array(
-                root, layout.camera_rgb(k), total, (w, h), layout.FRAMES_PER_SHARD, config.jpeg_quality
-            ),
-        )
-        for k in config.cameras
-    }
-    first = load_arrays(cache_dir, episodes[0]["key"])
-    dims = first["joint_state"].shape[1]
+    frames = _frame_writers(root, tmp, config, total)
+    dims = len(episodes[0]["joint_names"])
 
     def rows(key: str, shape: tuple[int, ...], dtype: str) -> _Appender:
         array = root.create_array(
@@ -210,10 +190,7 @@ def write_joint_store(
     ends = [0]
     for ep in episodes:
         cached = load_arrays(cache_dir, ep["key"])
-        for k, writer in frames.items():
-            prefix = "" if k == 0 else f"camera{k}_"
-            data, offsets = cached[f"{prefix}jpeg"].tobytes(), cached[f"{prefix}jpeg_offsets"]
-            writer.append([data[a:b] for a, b in zip(offsets[:-1], offsets[1:])])
+        _append_frames(frames, cached)
         ns = cached["capture_ns"]
         columns[layout.TIMESTAMP].append((ns - ns[0]).astype(np.float64) / 1e9)
         columns[joint.STATE].append(cached["joint_state"])
@@ -244,6 +221,34 @@ def write_joint_store(
             joint.ATTRS_GRIPPER_JOINTS: joint.gripper_joints(names),
         }
     )
+
+
+def _frame_writers(
+    root: zarr.Group, tmp: Path, config: ConvertConfig, total: int
+) -> dict[int, FrameShardWriter]:
+    """Every kept camera's frame array of `total` rows, written shard by shard."""
+    return {
+        k: FrameShardWriter(
+            tmp,
+            create_frames_array(
+                root,
+                layout.camera_rgb(k),
+                total,
+                config.image_size,
+                layout.FRAMES_PER_SHARD,
+                config.jpeg_quality,
+            ),
+        )
+        for k in config.cameras
+    }
+
+
+def _append_frames(frames: dict[int, FrameShardWriter], cached: dict[str, np.ndarray]) -> None:
+    """One cache entry's JPEG frames, camera by camera, as they were encoded."""
+    for k, writer in frames.items():
+        prefix = "" if k == 0 else f"camera{k}_"
+        data, offsets = cached[f"{prefix}jpeg"].tobytes(), cached[f"{prefix}jpeg_offsets"]
+        writer.append([data[a:b] for a, b in zip(offsets[:-1], offsets[1:])])
 
 
 def _samples_key(i: int, kind: str) -> str:
