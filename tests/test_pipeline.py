@@ -42,14 +42,16 @@ def test_provenance_of_pair_holds_code_environment_machine_and_hashes(pipeline_r
     assert prov["accelerator"]["device"] in ("cpu", "cuda")
     assert prov["host"]["cpu_count"] >= 1
     assert "stages/pair.py" in prov["command"]
-    assert prov["params"] | {"robomimic": None} == {
+    assert prov["params"] | {"robomimic": None, "aloha": None} == {
         "task": "pick_place",
         "accept_truncated": False,
         "hash_workers": 0,
         "source": "mcap",
-        "robomimic": None,  # the HDF5 source's params, recorded too
+        "robomimic": None,  # the HDF5 sources' params, recorded too
+        "aloha": None,
     }
     assert prov["params"]["robomimic"]["cameras"] == ["agentview_image"]
+    assert prov["params"]["aloha"]["control_hz"] is None  # required only when source is aloha
     assert set(prov["inputs_sha256"]) == {"data/raw"}
     assert set(prov["outputs_sha256"]) == {
         "data/manifest.json",

@@ -34,6 +34,7 @@ from policypipe.atomic import write_json_atomic
 from policypipe.dataset import layout
 from policypipe.dataset.fingerprint import fingerprint
 from policypipe.dataset.frame_shards import FrameShardReader
+from policypipe.h264 import x264_params
 
 CODEBASE_VERSION = "v3.0"
 CHUNKS_SIZE = 1000
@@ -393,15 +394,10 @@ def _write_video(
         height, width = frames.shape[1:3]
         stream.width, stream.height = width, height
         stream.pix_fmt = "yuv420p"
-        # One thread and no lookahead thread, as the sample's encoder: the same bytes for the same
-        # frames (an encoding under load with the default lookahead came out other bytes once).
+        # One thread and, where it matters, no AVX-512 code paths: the same bytes for the same
+        # frames (policypipe.h264 says what was measured).
         stream.codec_context.thread_count = 1
-        stream.options = {
-            "crf": str(crf),
-            "preset": "medium",
-            "g": "2",
-            "x264-params": "threads=1:lookahead-threads=1:sliced-threads=0",
-        }
+        stream.options = {"crf": str(crf), "preset": "medium", "g": "2", "x264-params": x264_params()}
         for i, row in enumerate(rows):
             rgb = frames.read(int(row))
             x = rgb.reshape(-1, 3).astype(np.float64) / 255.0
@@ -411,8 +407,7 @@ def _write_video(
             pixels += len(x)
             for c in range(3):
                 histogram[c] += np.bincount(rgb[..., c].reshape(-1), minlength=256)
-            # Converted here, not by PyAV's swscale: its conversion changed once the process had
-            # decoded a video (a reused scaler context), and with it the file's bytes.
+            # Converted by OpenCV, as the sample's recorder does.
             frame = av.VideoFrame.from_ndarray(cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420), format="yuv420p")
             frame.pts = i
             container.mux(stream.encode(frame))

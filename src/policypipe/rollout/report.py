@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from policypipe.h264 import x264_params
 from policypipe.rollout.episode import EpisodeResult, RolloutConfig, rollout_scene, run_episode
 from policypipe.rollout.references import (
     Demonstration,
@@ -220,9 +221,7 @@ def video_seeds(results: list[EpisodeResult], count: int) -> list[int]:
 
 def record_videos(policy_dir: Path, stage: RolloutStageConfig, seeds: list[int], out_dir: Path) -> list[Path]:
     """The policy's episodes of `seeds` again (the same frames: an episode is a pure function of its
-    seed), as H.264 MP4 at the camera's rate. The frames are the same every run, the files' bytes
-    not always: libx264 (one thread) wrote other bytes for the same frames once the process had run
-    the policy (measured; the cause inside the encoder was not found)."""
+    seed), as H.264 MP4 at the camera's rate, the same bytes every run (policypipe.h264)."""
     import av
     import cv2
 
@@ -237,7 +236,8 @@ def record_videos(policy_dir: Path, stage: RolloutStageConfig, seeds: list[int],
             stream = container.add_stream("libx264", rate=rate)
             stream.height, stream.width = result.frames[0].shape[:2]
             stream.pix_fmt = "yuv420p"
-            stream.options = {"crf": "23", "preset": "veryfast", "threads": "1"}
+            stream.codec_context.thread_count = 1
+            stream.options = {"crf": "23", "preset": "veryfast", "x264-params": x264_params()}
             for i, frame in enumerate(result.frames):
                 yuv = cv2.cvtColor(frame, cv2.COLOR_RGB2YUV_I420)
                 video_frame = av.VideoFrame.from_ndarray(yuv, format="yuv420p")

@@ -22,6 +22,7 @@ from foxglove_schemas_protobuf.PoseInFrame_pb2 import PoseInFrame
 from mcap.writer import CompressionType, IndexType, Writer
 from mcap_protobuf.schema import build_file_descriptor_set
 
+from policypipe.h264 import x264_params
 from policypipe.synthetic.motion import MotionPlan
 from policypipe.synthetic.render import render_frames_bgr, table_texture
 
@@ -330,7 +331,7 @@ def _encode_image(bgr: np.ndarray, image_format: str) -> bytes:
 class _H264Encoder:
     """H.264 Annex B, one access unit per frame: no B-frames and no lookahead (zerolatency),
     so every frame comes out of the encoder as one packet at once; an IDR with SPS/PPS every
-    ~1 s; one thread, so the bitstream is the same on every run."""
+    ~1 s; the settings of policypipe.h264, so the bitstream is the same on every run."""
 
     def __init__(self, image_size: tuple[int, int], hz: float, preset: str) -> None:
         import av
@@ -348,9 +349,13 @@ class _H264Encoder:
             "preset": preset,
             "tune": "zerolatency",
             "crf": str(H264_CRF),
-            "x264-params": (
-                f"keyint={keyint}:min-keyint={keyint}:scenecut=0:bframes=0:"
-                "repeat-headers=1:threads=1:sliced-threads=0:rc-lookahead=0"
+            "x264-params": x264_params(
+                f"keyint={keyint}",
+                f"min-keyint={keyint}",
+                "scenecut=0",
+                "bframes=0",
+                "repeat-headers=1",
+                "rc-lookahead=0",
             ),
         }
         self._pts = 0
