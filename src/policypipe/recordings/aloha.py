@@ -56,16 +56,18 @@ class AlohaConfig:
         object.__setattr__(self, "cameras", tuple(self.cameras))
         object.__setattr__(self, "joint_names", tuple(self.joint_names or ALOHA_JOINTS))
         if not self.cameras:
-            raise ValueError("aloha.cameras must name at least one camera (camera 0: the dataset's clock)")
+            raise ValueError(
+                "pair.aloha.cameras must name at least one camera (camera 0: the dataset's clock)"
+            )
         if self.control_hz is not None and not self.control_hz > 0:
-            raise ValueError(f"aloha.control_hz must be > 0 Hz, got {self.control_hz}")
+            raise ValueError(f"pair.aloha.control_hz must be > 0 Hz, got {self.control_hz}")
         if len(set(self.joint_names)) != len(self.joint_names) or not self.joint_names:
             raise ValueError(f"aloha.joint_names must be distinct names, got {list(self.joint_names)}")
 
     def required_rate(self) -> float:
         if self.control_hz is None:
             raise ValueError(
-                "aloha.control_hz is required: ALOHA files do not hold their rate (50 Hz for ALOHA's "
+                "pair.aloha.control_hz is required: ALOHA files do not hold their rate (50 Hz for ALOHA's "
                 "own recordings); set it in params.yaml [pair] aloha"
             )
         return float(self.control_hz)

@@ -58,9 +58,13 @@ class RobomimicConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "cameras", tuple(self.cameras))
         if not self.cameras:
-            raise ValueError("hdf5.cameras must name at least one obs key (camera 0: the dataset's clock)")
+            raise ValueError(
+                "pair.robomimic.cameras must name at least one obs key (camera 0: the dataset's clock)"
+            )
         if self.control_hz is not None and not self.control_hz > 0:
-            raise ValueError(f"hdf5.control_hz must be > 0 Hz (or null: the file's), got {self.control_hz}")
+            raise ValueError(
+                f"pair.robomimic.control_hz must be > 0 Hz (or null: the file's), got {self.control_hz}"
+            )
 
     def keys_of(self, gripper: int) -> tuple[str, str, str]:
         """Gripper i's position, quaternion and finger-joint keys: gripper 0's with robot{i}_."""
