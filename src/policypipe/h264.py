@@ -2,9 +2,10 @@
 
 One thread is not enough. On a CPU with AVX-512, libx264 (core 165, as PyAV 18 bundles it) chose its
 AVX-512 code paths, and then encoding the same 743 frames of 32 x 24 pixels twice in one process gave
-other bytes in about one run in 25 (4 of 100 in one measurement; the first packet to differ was the
-same frame each time, so some decision there depends on memory it does not own). With the same
-settings and the code paths capped at AVX2, 0 of 400 runs differed. So on such a CPU the encoder is
+other bytes in about one run in 25 (4 of 100 in one measurement, the first differing packet the
+same frame each time). With the same settings and the code paths capped at AVX2, 0 of 400 runs
+differed. The cause inside libx264 was not found (valgrind, which runs it without AVX-512, reports
+nothing). So on such a CPU the encoder is
 told which instruction sets it may use, all of them ones every AVX-512 CPU has; elsewhere libx264
 detects the CPU itself, as it always has.
 """
