@@ -6,6 +6,7 @@ import argparse
 import json
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 from common import fail, load_config, setup_logging
@@ -13,7 +14,8 @@ from common import fail, load_config, setup_logging
 from policypipe.atomic import write_json_atomic
 from policypipe.config import ConfigError, require_same_window
 from policypipe.evaluation.evaluate import EvalConfig, evaluate, held_out_sides
-from policypipe.evaluation.plots import write_eval_plots
+from policypipe.evaluation.joint_space import evaluate_joint_space
+from policypipe.evaluation.plots import write_eval_plots, write_joint_eval_plots
 from policypipe.lineage.hashing import sha256_file, sha256_path
 from policypipe.lineage.provenance import StageRun
 from policypipe.policy.export import load_policy, require_trained_with
@@ -51,20 +53,27 @@ def main() -> None:
         try:
             sides = ", ".join(f"{len(episodes)} {side}" for side, episodes in held_out_sides(stats).items())
             print(f"eval: held-out episodes ({sides}), every {config.stride}th anchor frame ...", flush=True)
-            result = evaluate(policy, args.dataset, stats, config)
+            joint_space = policy.config.joint_space
+            result = (evaluate_joint_space if joint_space else evaluate)(policy, args.dataset, stats, config)
         except ValueError as exc:
             fail(str(exc))
+        side = f"{result['report']['headline']} episodes"
+        per_step = result["per_step"] if joint_space else result["per_step_position_mm"]
         write_json_atomic(args.metrics, result["report"])
-        write_json_atomic(args.per_step, result["per_step_position_mm"])
-        write_eval_plots(
+        write_json_atomic(args.per_step, per_step)
+        plot = (
+            write_joint_eval_plots
+            if joint_space
+            else partial(write_eval_plots, episodes=config.plot_episodes)
+        )
+        plot(
             args.dataset,
             result["samples"],
             result["chunks"],
-            result["per_step_position_mm"],
+            per_step,
             args.plots,
             policy.config.n_action_steps,
-            config.plot_episodes,
-            f"{result['report']['headline']} episodes",
+            side=side,
         )
     # Host-dependent, so here rather than in the metrics, whose bytes depend on the inputs only.
     costs = result["baseline_cost_s"]
@@ -81,7 +90,8 @@ def main() -> None:
     report = result["report"]
     for side in (side for side in ("test", "validation") if side in report):
         label = "headline" if side == report["headline"] else "chose the settings"
-        print(f"{side} ({label}): {side_summary(report[side])}")
+        summary = joint_side_summary if joint_space else side_summary
+        print(f"{side} ({label}): {summary(report[side])}")
         for gripper, alone in report[side].get("per_gripper", {}).items():  # several grippers: each alone
             print(f"  {gripper}: {side_summary(alone)}")
     if "no_test_side" in report:
@@ -110,6 +120,23 @@ def side_summary(r: dict) -> str:
         f"({best}, {r[best]['position_mm']['executed']['mean']:.1f} mm); {camera}; "
         f"spread {r['spread_mm']:.1f} mm; "
         f"{r['skipped_episodes']} episodes skipped; CIs cover {r['ci_covers']}"
+    )
+
+
+def joint_side_summary(r: dict) -> str:
+    """One line of a joint-space held-out side's report (`evaluation.joint_space`)."""
+    c = next(iter(r["components"]))  # the arm joints, when there are any
+    best, ratio, ci = (
+        r["best_baseline"][c],
+        r["ratio_to_best_baseline"][c],
+        r["ratio_to_best_baseline_ci95"][c],
+    )
+    return (
+        f"{r['samples']} samples of {r['episodes']} episodes: {c} error over the executed steps "
+        f"{r['policy'][c]['executed']['mean']:.4f} (the dataset's units), {ratio:.2f} "
+        f"[{ci['ci95_low']:.2f}, {ci['ci95_high']:.2f}] of the best baseline ({best}, "
+        f"{r[best][c]['executed']['mean']:.4f}); {r['skipped_episodes']} episodes skipped; "
+        f"CIs cover {r['ci_covers']}"
     )
 
 

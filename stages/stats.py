@@ -12,7 +12,6 @@ from common import fail, load_config, setup_logging
 
 from policypipe.atomic import write_json_atomic
 from policypipe.dataset.fingerprint import UnreadableArray, fingerprint, store_files
-from policypipe.dataset.joint import joint_space_not_supported
 from policypipe.dataset.report import dataset_report, write_plots
 from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.dataset.windows import WindowConfig
@@ -35,8 +34,6 @@ def main() -> None:
     with StageRun("stats", params={"stats": asdict(config), "policy": asdict(window)}) as run:
         try:
             root = zarr.open_group(args.dataset, mode="r")
-            if why := joint_space_not_supported(root):
-                fail(f"{args.dataset} is {why}")
             print_step("fingerprint")
             digest = fingerprint(root)
             print_step("statistics")

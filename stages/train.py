@@ -130,8 +130,9 @@ def main() -> None:
     run.write(args.provenance)
     best = metrics["val_executed_best"]
     executed = (
-        f"best executed error on the validation windows {best['position_mm']:.2f} mm, "
-        f"{best['rotation_deg']:.2f} deg, {best['width_mm']:.2f} mm; "
+        "best executed error on the validation windows "
+        + ", ".join(f"{name} {value:.4g}" for name, value in best.items() if name != "score")
+        + "; "
         if best
         else ""
     )

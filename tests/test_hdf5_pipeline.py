@@ -1,6 +1,6 @@
-"""A pipeline whose source is robomimic HDF5 files, under a real `dvc repro`: pair takes their
-inventory, convert reads the demos, train and eval run on them, rollout says why it does not, and
-`policypipe lineage` walks from the policy to each demo's file and key."""
+"""Pipelines whose source is HDF5 files (robomimic; ALOHA, in joint space), under a real `dvc repro`:
+pair takes their inventory, convert reads the demos, train and eval run on them, rollout says why it
+does not, and `policypipe lineage` walks from the policy to each demo's file and key."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from policypipe.lineage.hashing import sha256_file
+from tests.recordings.aloha_files import write_aloha
 from tests.recordings.robomimic_files import CAMERAS, write_robomimic
 from tests.workspace import checkout_copy, run, shorten_training
 
@@ -50,3 +51,51 @@ def test_dvc_repro_runs_end_to_end_on_robomimic_files_with_lineage_to_each_demo(
     for n in (0, 4, 20):
         assert f"{digest}  lift.hdf5  data/demo_{n}" in lineage
     assert run(repo, "dvc", "status").count("changed") <= 1  # check_export: always changed
+
+
+def test_dvc_repro_trains_and_evaluates_a_joint_space_policy_on_aloha_files(tmp_path) -> None:
+    repo = checkout_copy(tmp_path / "checkout")
+    shorten_training(repo)
+    raw = repo / "data" / "raw"
+    raw.mkdir(parents=True)
+    for i in range(8):
+        write_aloha(raw / f"episode_{i}.hdf5", 36 + 2 * i, seed=i, images="vlen" if i % 2 else "raw")
+    (raw / "episode_8.hdf5").write_text("not hdf5")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["pair"] |= {
+        "source": "aloha",
+        "aloha": {"control_hz": 50, "cameras": ["cam_high", "cam_left_wrist"]},
+    }
+    params["convert"] |= {"cameras": [0, 1]}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(repo, "dvc", "add", "--quiet", "data/raw")
+
+    out = run(repo, "dvc", "repro")
+
+    assert "converted 8 episodes" in out and "at 50.00 Hz" in out
+    stats = json.loads((repo / "data/stats/stats.json").read_text())
+    assert stats["joints"]["grippers"] == ["left_gripper", "right_gripper"]
+    assert len(stats["lowdim"]["obs.joint_state"]["mean"]) == 14
+    runtime = json.loads((repo / "data/policy/runtime.json").read_text())
+    assert runtime["joint_names"] == stats["joints"]["names"] and len(runtime["command_ranges"]) == 14
+    evaluation = json.loads((repo / "metrics/eval.json").read_text())
+    assert evaluation["representation"] == "joint"
+    headline = evaluation[evaluation["headline"]]
+    for scored in ("policy", "hold_still", "mean_motion", "constant_velocity", "nearest_neighbour"):
+        assert headline[scored]["joints"]["executed"]["mean"] > 0
+        assert headline[scored]["grippers"]["executed"]["mean"] >= 0
+    assert headline["best_baseline"]["joints"] in (
+        "hold_still",
+        "mean_motion",
+        "constant_velocity",
+        "nearest_neighbour",
+    )
+    assert set(headline["per_joint_executed"]["policy"]) == set(stats["joints"]["names"])
+    assert (repo / "metrics/plots/eval/predicted_vs_recorded.png").is_file()
+    assert (repo / "metrics/plots/dataset/joint_positions.png").is_file()
+    rollout = json.loads((repo / "metrics/rollout.json").read_text())
+    assert "imported from aloha HDF5 files" in rollout["not_run"]
+
+    lineage = run(repo, "policypipe", "lineage", "data/policy")
+    for i in (0, 7):
+        assert f"{sha256_file(raw / f'episode_{i}.hdf5')}  episode_{i}.hdf5" in lineage

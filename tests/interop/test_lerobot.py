@@ -155,3 +155,26 @@ def test_a_dataset_off_a_grid_or_an_existing_folder_is_refused(exported, tmp_pat
     with pytest.raises(ExportError, match="even"):
         export_lerobot(root / "odd.zarr", root / "out", LeRobotExportConfig(task=TASK))
     assert not (root / "out").exists() and not (root / "out.partial").exists()
+
+
+def test_a_joint_space_dataset_exports_its_joints_and_commands_on_the_control_clock(tmp_path: Path) -> None:
+    from tests.recordings.aloha_files import convert_aloha
+
+    store, written = convert_aloha(tmp_path / "aloha", episodes=3)
+    export_lerobot(store, tmp_path / "out", LeRobotExportConfig(task="fold the towel"))
+    root = zarr.open_group(store, mode="r")
+    info = json.loads((tmp_path / "out/meta/info.json").read_text())
+    assert info["fps"] == 50 and info["total_frames"] == sum(len(w["qpos"]) for w in written)
+    assert info["features"]["observation.state"]["names"] == root.attrs[layout.ATTRS_JOINT_NAMES]
+    assert set(info["features"]) >= {"observation.images.camera0", "observation.images.camera1"}
+    data = pq.read_table(tmp_path / "out" / DATA_PATH.format(chunk_index=0, file_index=0))
+    state = np.stack(data["observation.state"].to_numpy(zero_copy_only=False))
+    action = np.stack(data["action"].to_numpy(zero_copy_only=False))
+    # The rows are the files' control steps: the file's qpos and its recorded command, row by row.
+    np.testing.assert_array_equal(state, np.concatenate([w["qpos"] for w in written]).astype(np.float32))
+    np.testing.assert_array_equal(action, np.concatenate([w["action"] for w in written]).astype(np.float32))
+    frame_index = data["frame_index"].to_numpy()
+    np.testing.assert_array_equal(data["timestamp"].to_numpy(), (frame_index / 50).astype(np.float32))
+    sidecar = json.loads((tmp_path / "out/meta/policypipe.json").read_text())
+    assert sidecar["representation"]["action"] == "the command recorded at the frame (action), absolute"
+    assert sidecar["episodes"][2]["source"] == {"format": "aloha", "path": "episode_2.hdf5"}

@@ -78,3 +78,25 @@ def write_aloha(
                     data[i] = e
     arrays["qpos"], arrays["action"] = arrays["qpos"][:, :joints], arrays["action"][:, :joints]
     return arrays
+
+
+def convert_aloha(
+    root: Path, episodes: int = 6, image_size: tuple[int, int] = (20, 16)
+) -> tuple[Path, list[dict]]:
+    """`episodes` ALOHA files of 30, 32, ... rows at 50 Hz under root/export, converted with cameras
+    0 and 1 to root/d.zarr; the store's path and the arrays each file holds."""
+    import json
+
+    from policypipe.dataset.convert import convert_dataset
+    from policypipe.dataset.convert_config import ConvertConfig
+    from policypipe.recordings.aloha import AlohaConfig
+    from policypipe.recordings.pairing import PairConfig, pair_export
+
+    export = root / "export"
+    export.mkdir(parents=True)
+    written = [write_aloha(export / f"episode_{i}.hdf5", 30 + 2 * i, seed=i) for i in range(episodes)]
+    pair = PairConfig(source="aloha", aloha=AlohaConfig(control_hz=50.0))
+    (root / "manifest.json").write_text(json.dumps(pair_export(export, pair).manifest()))
+    config = ConvertConfig(image_size=image_size, min_frames=8, cameras=(0, 1))
+    convert_dataset(root / "manifest.json", export, root / "d.zarr", root / "cache", config)
+    return root / "d.zarr", written

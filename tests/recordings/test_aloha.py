@@ -12,7 +12,7 @@ import pytest
 import zarr
 
 from policypipe.config import ConfigError, from_mapping
-from policypipe.dataset import joint, layout
+from policypipe.dataset import layout
 from policypipe.dataset.convert import convert_dataset
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.episode import resize_frame
@@ -79,17 +79,17 @@ def test_an_episode_holds_the_files_joints_commands_and_frames_on_its_control_cl
     root, excluded = _convert(export, tmp_path / "out", ALOHA, cameras=(0, 1, 2))
 
     assert excluded == []
-    assert root.attrs[joint.ATTRS_REPRESENTATION] == "joint"
-    assert root.attrs[joint.ATTRS_JOINT_NAMES] == list(ALOHA_JOINTS)
-    assert root.attrs[joint.ATTRS_GRIPPER_JOINTS] == ["left_gripper", "right_gripper"]
+    assert root.attrs[layout.ATTRS_REPRESENTATION] == "joint"
+    assert root.attrs[layout.ATTRS_JOINT_NAMES] == list(ALOHA_JOINTS)
+    assert root.attrs[layout.ATTRS_GRIPPER_JOINTS] == ["left_gripper", "right_gripper"]
     assert root.attrs[layout.ATTRS_FREQUENCY] == 50.0  # the param: the files do not hold it
     assert np.asarray(root[layout.EPISODE_ENDS][:]).tolist() == [25, 55]
     for e, (rows, arrays) in enumerate(zip([slice(0, 25), slice(25, 55)], written)):
         n = rows.stop - rows.start
         np.testing.assert_allclose(root[layout.TIMESTAMP][rows], np.arange(n) / 50.0, rtol=0, atol=1e-12)
         # float32 in the store: equal to the file's float64 to its rounding.
-        np.testing.assert_allclose(root[joint.STATE][rows], arrays["qpos"], rtol=1e-7, atol=1e-7)
-        np.testing.assert_allclose(root[joint.ACTION][rows], arrays["action"], rtol=1e-7, atol=1e-7)
+        np.testing.assert_allclose(root[layout.JOINT_STATE][rows], arrays["qpos"], rtol=1e-7, atol=1e-7)
+        np.testing.assert_allclose(root[layout.JOINT_ACTION][rows], arrays["action"], rtol=1e-7, atol=1e-7)
         for k, camera in enumerate(CAMERAS):
             stored = np.asarray(root[layout.camera_rgb(k)][rows]).astype(int)
             expected = np.stack([resize_frame(f, (20, 16)) for f in arrays[camera]]).astype(int)
@@ -117,15 +117,6 @@ def test_a_missing_wrist_camera_is_masked_or_excludes_the_episode(tmp_path: Path
     _, excluded = _convert(export, tmp_path / "excluded", ALOHA, cameras=(0, 1))
     assert [(e["stem"], e["excluded"]) for e in excluded] == [("episode_1", "missing_camera")]
     assert "observations/images/cam_left_wrist" in excluded[0]["detail"]
-
-
-def test_a_joint_space_dataset_is_refused_by_name_after_convert(tmp_path: Path) -> None:
-    export = tmp_path / "export"
-    export.mkdir()
-    write_aloha(export / "episode_0.hdf5", 20)
-    root, _ = _convert(export, tmp_path / "out", ALOHA)
-    why = joint.joint_space_not_supported(root)
-    assert why is not None and "a joint-space dataset (14 joints" in why and "not built yet" in why
 
 
 def test_an_episode_with_a_row_that_is_not_finite_is_excluded_and_the_others_kept(tmp_path: Path) -> None:

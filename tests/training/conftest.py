@@ -51,3 +51,16 @@ def dataset(tmp_path_factory) -> tuple[Path, Path]:
     stats["dataset_fingerprint"] = {"sha256": "f" * 64}
     write_json_atomic(root / "stats.json", stats)
     return root / "ds.zarr", root / "stats.json"
+
+
+@pytest.fixture(scope="module")
+def joint_dataset(tmp_path_factory) -> tuple[Path, Path]:
+    """A joint-space dataset (five ALOHA episodes) with its statistics."""
+    from tests.recordings.aloha_files import convert_aloha
+
+    root = tmp_path_factory.mktemp("joint_data")
+    store, _ = convert_aloha(root, episodes=5, image_size=MODEL.image_size)
+    stats = compute_statistics(zarr.open_group(store, mode="r"), WINDOW, StatsConfig(val_fraction=0.4))
+    stats["dataset_fingerprint"] = {"sha256": "f" * 64}
+    write_json_atomic(root / "stats.json", stats)
+    return store, root / "stats.json"

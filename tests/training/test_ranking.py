@@ -13,6 +13,7 @@ from policypipe.evaluation.errors import chunk_errors, hold_still
 from policypipe.evaluation.evaluate import executed_errors, predict
 from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.training.checkpoint import TrainHistory
+from policypipe.training.config import model_for_dataset
 from policypipe.training.ranking import COMPONENTS, ExecutedErrorProbe
 from tests.training.conftest import MODEL, WINDOW
 
@@ -69,3 +70,25 @@ def test_a_resumed_run_with_another_ranking_reranks_its_kept_checkpoints() -> No
     old.rerank("executed_error")
     assert old.top_k[0][0] == float("inf")
     assert TrainHistory.from_json(json.loads(json.dumps(history.to_json()))) == history
+
+
+def test_a_joint_space_probe_scores_the_arm_joints_and_the_grippers_against_holding_still(
+    joint_dataset,
+) -> None:
+    store, stats_path = joint_dataset
+    stats = json.loads(stats_path.read_text())
+    windows = WindowDataset(store, stats["split"]["val"], WINDOW)
+    probe = ExecutedErrorProbe.of(windows, 8, WINDOW.n_action_steps, seed=0)
+    recorded = probe.batch["action"].double().numpy()
+    current = probe.batch["obs_state"].double().numpy()[:, -1:]
+    still = np.abs(recorded - current)[:, : WINDOW.n_action_steps]
+    grippers = [6, 13]  # left_gripper, right_gripper
+    arm = [d for d in range(14) if d not in grippers]
+    assert probe.hold_still_error["joints"] == pytest.approx(still[..., arm].mean(), rel=1e-12)
+    assert probe.hold_still_error["grippers"] == pytest.approx(still[..., grippers].mean(), rel=1e-12)
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(model_for_dataset(MODEL, stats))
+    policy.fit_normalizers(stats)
+    measured = probe.measure(policy, torch.device("cpu"))
+    ratios = [measured[c] / probe.hold_still_error[c] for c in ("joints", "grippers")]
+    assert measured["score"] == pytest.approx(np.mean(ratios), rel=1e-12)

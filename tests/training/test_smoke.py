@@ -66,3 +66,11 @@ def test_smoke_compares_bitwise_on_cpu_and_within_the_stated_tolerance_on_a_gpu(
     assert compare_weights(weights, nudged, "cpu") and not compare_weights(weights, nudged, "cuda")
     assert compare_weights(weights, {"w": weights["w"] * (1 + 10 * GPU_WEIGHT_RTOL)}, "cuda")
     assert not compare_weights(weights, {"w": weights["w"].clone()}, "cpu")
+
+
+@pytest.mark.slow
+def test_smoke_passes_on_a_joint_space_dataset(joint_dataset) -> None:
+    store, stats = joint_dataset
+    report = run_smoke(store, stats, CONFIG, steps=4)
+    assert report.ok, report.problems
+    assert report.resumed_at == 2

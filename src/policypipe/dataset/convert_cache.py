@@ -154,11 +154,17 @@ def write_cache_file(path: Path, blob: bytes, frames: int) -> None:
         raise
 
 
+def camera_prefix(k: int) -> str:
+    """What camera k's arrays in a cache entry are named with: camera 0's have their version 1
+    names, without a prefix."""
+    return "" if k == 0 else f"camera{k}_"
+
+
 def episode_arrays(episode: Episode, jpeg_quality: int) -> dict[str, np.ndarray]:
     """The arrays of a cache entry: camera 0's frames as JPEG and gripper 0's values under their
-    version 1 names; another gripper's under `robot{i}_`, another camera's under `camera{k}_`."""
+    version 1 names; another gripper's under `robot{i}_`, another camera's under `camera_prefix`."""
     arrays = {
-        **jpeg_arrays(episode.rgb, jpeg_quality, ""),
+        **jpeg_arrays(episode.rgb, jpeg_quality, camera_prefix(0)),
         "capture_ns": episode.capture_ns,
     }
     for i, gripper in episode.grippers.items():
@@ -174,10 +180,11 @@ def episode_arrays(episode: Episode, jpeg_quality: int) -> dict[str, np.ndarray]
             f"{prefix}width_values": gripper.width_values,
         }
     for k, camera in episode.cameras.items():
+        prefix = camera_prefix(k)
         arrays |= {
-            **jpeg_arrays(camera.rgb, jpeg_quality, f"camera{k}_"),
-            f"camera{k}_offset_ns": camera.offset_ns,
-            f"camera{k}_valid": camera.valid,
+            **jpeg_arrays(camera.rgb, jpeg_quality, prefix),
+            f"{prefix}offset_ns": camera.offset_ns,
+            f"{prefix}valid": camera.valid,
         }
     return arrays
 

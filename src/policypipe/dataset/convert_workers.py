@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from policypipe.atomic import canonical_json
+from policypipe.dataset import layout
 from policypipe.dataset.convert_cache import (
     RecordingInput,
     cache_key,
@@ -34,7 +35,6 @@ from policypipe.dataset.convert_cache import (
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.episode import CameraEpisode, build_episode, measured_frequency, missing_frames
 from policypipe.dataset.errors import DatasetError, DiskFullError, megabytes
-from policypipe.dataset.joint import REPRESENTATION as JOINT
 from policypipe.dataset.joint import build_joint_episode, joint_arrays
 from policypipe.processes import process_pool
 from policypipe.recordings.aloha import ALOHA, read_aloha
@@ -149,7 +149,7 @@ def _convert_joint(rec: RecordingInput, config: ConvertConfig, npz: Path) -> dic
     )
     n = len(episode.capture_ns)
     return {
-        "representation": JOINT,
+        "representation": layout.JOINT_REPRESENTATION,
         "joint_names": list(source.joint_names),
         "start_ns": int(episode.capture_ns[0]),
         "frames": n,

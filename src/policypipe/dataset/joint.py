@@ -1,11 +1,12 @@
 """Joint-space episodes (an ALOHA / RDT source, `recordings.aloha`): per row an absolute joint
 vector, the command at that row, and every kept camera's frame, on the rows' own clock.
 
-In the store (docs/dataset.md, "Joint-space datasets"): `data/joint_state` (N, D) and
-`data/joint_action` (N, D) float32, `data/timestamp`, `data/camera{k}_rgb` (and for k >= 1
-`camera{k}_valid`, `camera{k}_offset`, 0: the cameras share the rows), `meta/episode_ends`; the root
-attributes name the representation ("joint"), the dimensions (`joint_names`) and which are
-grippers (`gripper_joints`).
+In the store (`layout`'s joint-space keys; docs/dataset.md, "Joint-space datasets"):
+`data/joint_state` (N, D) and `data/joint_action` (N, D) float32, `data/timestamp`,
+`data/camera{k}_rgb` (and for k >= 1 `camera{k}_valid`, `camera{k}_offset`, 0: the cameras share the
+rows), `meta/episode_ends`; the root attributes name the representation ("joint"), the dimensions
+(`joint_names`) and which are grippers (`gripper_joints`). Its training windows:
+`dataset.joint_windows`.
 """
 
 from __future__ import annotations
@@ -13,27 +14,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
+from policypipe.dataset.convert_cache import camera_prefix
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.episode import decode_frames
 from policypipe.recordings.aloha import JointStreams
 from policypipe.recordings.messages import RecordingError
 from policypipe.recordings.streams import stream_name
-
-REPRESENTATION = "joint"  # the store's `representation` attribute (a pose dataset has none)
-STATE = "data/joint_state"
-ACTION = "data/joint_action"
-ATTRS_REPRESENTATION = "representation"
-ATTRS_JOINT_NAMES = "joint_names"
-ATTRS_GRIPPER_JOINTS = "gripper_joints"
-
-
-def gripper_joints(names: tuple[str, ...] | list[str]) -> list[str]:
-    """The dimensions that are grippers: those whose name says so."""
-    return [name for name in names if "gripper" in name]
 
 
 @dataclass
@@ -113,22 +102,11 @@ def joint_arrays(episode: JointEpisode, jpeg: Callable[..., dict]) -> dict[str, 
     """The cache entry's arrays: every camera's frames through `jpeg` (prefix -> arrays), the rows."""
     arrays = {"capture_ns": episode.capture_ns, "joint_state": episode.state, "joint_action": episode.action}
     for k, frames in episode.rgb.items():
-        arrays |= jpeg(frames, prefix="" if k == 0 else f"camera{k}_")
+        prefix = camera_prefix(k)
+        arrays |= jpeg(frames, prefix=prefix)
         if k:
             arrays |= {
-                f"camera{k}_offset_ns": np.zeros(len(frames), np.int64),
-                f"camera{k}_valid": episode.valid[k],
+                f"{prefix}offset_ns": np.zeros(len(frames), np.int64),
+                f"{prefix}valid": episode.valid[k],
             }
     return arrays
-
-
-def joint_space_not_supported(root: Any) -> str | None:
-    """Why a stage after convert cannot take this store yet, or None for a dataset of gripper poses."""
-    if root.attrs.get(ATTRS_REPRESENTATION) != REPRESENTATION:
-        return None
-    names = root.attrs.get(ATTRS_JOINT_NAMES, [])
-    return (
-        f"a joint-space dataset ({len(names)} joints, from ALOHA / RDT files): statistics, training and "
-        "evaluation in joint space are not built yet; the dataset itself is complete and reads with zarr "
-        "(docs/dataset.md, 'Joint-space datasets')"
-    )

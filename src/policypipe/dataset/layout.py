@@ -98,6 +98,26 @@ ATTRS_EPISODES = "episodes"  # one record per episode (stem, folder, counts, war
 ATTRS_GRIPPERS = "grippers"  # the gripper numbers the dataset keeps, e.g. [0] or [0, 1]
 ATTRS_CAMERAS = "cameras"  # the camera numbers it keeps, camera 0 first
 
+# A joint-space dataset (an ALOHA / RDT source, `dataset.joint`; docs/dataset.md, "Joint-space
+# datasets"): joint vectors instead of gripper poses, no `streams/`, `grippers` [].
+JOINT_STATE = "data/joint_state"  # (N, D) the joint vector at each row
+JOINT_ACTION = "data/joint_action"  # (N, D) the command issued at each row
+ATTRS_REPRESENTATION = "representation"  # JOINT_REPRESENTATION (a dataset of gripper poses has none)
+JOINT_REPRESENTATION = "joint"
+ATTRS_JOINT_NAMES = "joint_names"  # the D dimensions' names, in order
+ATTRS_GRIPPER_JOINTS = "gripper_joints"  # those of them that are grippers (`gripper_joints`)
+
+
+def gripper_joints(names: tuple[str, ...] | list[str]) -> list[str]:
+    """The dimensions that are grippers: those whose name says so."""
+    return [name for name in names if "gripper" in name]
+
+
+def is_joint_space(attrs) -> bool:
+    """Whether a store (its root attributes) holds joint vectors rather than gripper poses."""
+    return attrs.get(ATTRS_REPRESENTATION) == JOINT_REPRESENTATION
+
+
 # Frames per shard file of the image array: the file count stays ~N/100 (DVC-friendly) while one
 # random frame is one small chunk read through the shard index.
 FRAMES_PER_SHARD = 100

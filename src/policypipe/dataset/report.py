@@ -40,17 +40,16 @@ def dataset_report(root: zarr.Group, fingerprint: str, split: dict[str, Any]) ->
 
 
 def write_plots(root: zarr.Group, out_dir: Path, split: dict) -> list[Path]:
-    """Episode lengths and top-down paths (held-out episodes dashed: validation, dotted: test)."""
+    """Episode lengths, what moved (top-down gripper paths and widths, held-out episodes dashed:
+    validation, dotted: test; or a joint-space dataset's joints over time) and a contact sheet."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ends = root[layout.EPISODE_ENDS][:]
     first, last = episode_bounds(ends)
-    stems = [ep["stem"] for ep in root.attrs[layout.ATTRS_EPISODES]]
-    pos = root[layout.EEF_POS][:]
-    width = root[layout.GRIPPER_WIDTH][:, 0]
     stamps = root[layout.TIMESTAMP][:]
     frequency = float(root.attrs[layout.ATTRS_FREQUENCY])
     colors = plt.cm.viridis(np.linspace(0, 1, len(ends)))
+    line_style = {e: "--" for e in split["val"]} | {e: ":" for e in split.get("test", [])}
     written = []
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -62,28 +61,12 @@ def write_plots(root: zarr.Group, out_dir: Path, split: dict) -> list[Path]:
     )
     written.append(save_png(fig, out_dir / "episode_lengths.png", dpi=110))
 
-    fig, ax = plt.subplots(figsize=(6, 6))
-    line_style = {e: "--" for e in split["val"]} | {e: ":" for e in split.get("test", [])}
-    for e in range(len(ends)):
-        p = pos[first[e] : last[e] + 1]
-        ax.plot(p[:, 0], p[:, 1], color=colors[e], lw=1, ls=line_style.get(e, "-"))
-        ax.plot(p[0, 0], p[0, 1], "o", color=colors[e], ms=3)
-        ax.plot(p[-1, 0], p[-1, 1], "x", color=colors[e], ms=4)
-    ax.set(
-        xlabel="x (m)",
-        ylabel="y (m)",
-        title="gripper paths, top-down (o start, x end; dashed: validation, dotted: test)",
-    )
-    ax.set_aspect("equal", adjustable="datalim")
-    written.append(save_png(fig, out_dir / "paths_topdown.png", dpi=110))
+    if layout.is_joint_space(root.attrs):
+        written.append(_joint_plot(root, out_dir, first, last, stamps, colors, line_style))
+    else:
+        written += _pose_plots(root, out_dir, first, last, stamps, colors, line_style)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for e in range(len(ends)):
-        sl = slice(first[e], last[e] + 1)
-        ax.plot(stamps[sl], 1000 * width[sl], color=colors[e], lw=1)
-    ax.set(xlabel="time in episode (s)", ylabel="gripper width (mm)", title="gripper width over time")
-    written.append(save_png(fig, out_dir / "gripper_width.png", dpi=110))
-
+    stems = [ep["stem"] for ep in root.attrs[layout.ATTRS_EPISODES]]
     middle = (first + last) // 2
     frames = root[layout.RGB].get_orthogonal_selection((middle,))
     cols = int(np.ceil(np.sqrt(len(ends))))
@@ -97,3 +80,50 @@ def write_plots(root: zarr.Group, out_dir: Path, split: dict) -> list[Path]:
     fig.suptitle("middle frame of every episode", fontsize=9)
     written.append(save_png(fig, out_dir / "contact_sheet.png", dpi=110))
     return written
+
+
+def _pose_plots(root, out_dir, first, last, stamps, colors, line_style) -> list[Path]:
+    """Gripper 0's top-down paths and its width over time."""
+    pos = root[layout.EEF_POS][:]
+    width = root[layout.GRIPPER_WIDTH][:, 0]
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for e in range(len(first)):
+        p = pos[first[e] : last[e] + 1]
+        ax.plot(p[:, 0], p[:, 1], color=colors[e], lw=1, ls=line_style.get(e, "-"))
+        ax.plot(p[0, 0], p[0, 1], "o", color=colors[e], ms=3)
+        ax.plot(p[-1, 0], p[-1, 1], "x", color=colors[e], ms=4)
+    ax.set(
+        xlabel="x (m)",
+        ylabel="y (m)",
+        title="gripper paths, top-down (o start, x end; dashed: validation, dotted: test)",
+    )
+    ax.set_aspect("equal", adjustable="datalim")
+    written = [save_png(fig, out_dir / "paths_topdown.png", dpi=110)]
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for e in range(len(first)):
+        sl = slice(first[e], last[e] + 1)
+        ax.plot(stamps[sl], 1000 * width[sl], color=colors[e], lw=1)
+    ax.set(xlabel="time in episode (s)", ylabel="gripper width (mm)", title="gripper width over time")
+    written.append(save_png(fig, out_dir / "gripper_width.png", dpi=110))
+    return written
+
+
+def _joint_plot(root, out_dir, first, last, stamps, colors, line_style) -> Path:
+    """Every joint's position over time, one panel per joint, one line per episode."""
+    state = root[layout.JOINT_STATE][:]
+    names = list(root.attrs[layout.ATTRS_JOINT_NAMES])
+    cols = min(len(names), 7)
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.4 * cols, 2.0 * rows), squeeze=False, sharex=True)
+    for d, ax in enumerate(axes.ravel()):
+        if d >= len(names):
+            ax.axis("off")
+            continue
+        for e in range(len(first)):
+            sl = slice(first[e], last[e] + 1)
+            ax.plot(stamps[sl], state[sl, d], color=colors[e], lw=0.8, ls=line_style.get(e, "-"))
+        ax.set_title(names[d], fontsize=7)
+        ax.tick_params(labelsize=6)
+    fig.suptitle("joint positions over time (dashed: validation, dotted: test)", fontsize=9)
+    return save_png(fig, out_dir / "joint_positions.png", dpi=110)

@@ -2,12 +2,12 @@
 
 Low-dimensional statistics are computed in the representation the policy uses (relative
 poses over the observation and action windows of `windows.py`, on the time axis, at the
-anchors training samples), vectorised over blocks of anchor frames: never a per-sample loop,
-never an image decoded. Two passes over the blocks: the first gathers count, mean and
-variance (Chan's parallel merge, float64), min and max; the second fills a fine histogram
-between min and max, from which q01 and q99 are read. A quantile is therefore within one
-bin, (max - min) / `quantile_bins`, of the two order statistics that bracket it: on dense
-data, within one bin of the exact value.
+anchors training samples; a joint-space dataset's absolute joint vectors, `dataset.joint_windows`),
+vectorised over blocks of anchor frames: never a per-sample loop, never an image decoded. Two
+passes over the blocks: the first gathers count, mean and variance (Chan's parallel merge,
+float64), min and max; the second fills a fine histogram between min and max, from which q01 and
+q99 are read. A quantile is therefore within one bin, (max - min) / `quantile_bins`, of the two
+order statistics that bracket it: on dense data, within one bin of the exact value.
 
 Images: per-channel mean and std over an evenly spaced sample of training frames.
 """
@@ -22,8 +22,15 @@ import numpy as np
 import zarr
 
 from policypipe.dataset import layout
+from policypipe.dataset.joint_windows import JointSeries, open_series
 from policypipe.dataset.split import RULE, SPLIT_BY, episode_groups, split_episodes
-from policypipe.dataset.windows import EpisodeStreams, WindowConfig, episode_bounds, observation_names
+from policypipe.dataset.windows import (
+    EpisodeStreams,
+    FrameAxis,
+    WindowConfig,
+    episode_bounds,
+    observation_names,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,18 +118,11 @@ class _Histogram:
         return np.clip(out, self.lo, self.hi)
 
 
-def _windowed(streams: EpisodeStreams, episodes: list[int], window: WindowConfig, block: int):
+def _windowed(streams: FrameAxis, episodes: list[int], window: WindowConfig, block: int):
     """Yields {name: (M, dim) float64 block} over every anchor frame of the given episodes."""
     anchors, _ = streams.anchors(episodes, window)
     for start in range(0, len(anchors), block):
-        w = streams.windows(anchors[start : start + block], window)
-        yield {
-            "action": w.action.reshape(-1, w.action.shape[-1]),
-            # Per horizon step (step-major, horizon x 10): near steps move far less than far ones.
-            "action_per_step": w.action.reshape(len(w.action), -1),
-            "obs.eef_pose_rel": w.obs_pose.reshape(-1, w.obs_pose.shape[-1]),
-            "obs.gripper_width": w.obs_width.reshape(-1, w.obs_width.shape[-1]),
-        }
+        yield streams.windows(anchors[start : start + block], window).lowdim_blocks()
 
 
 def grippers_layout(grippers: int) -> dict[str, Any]:
@@ -135,8 +135,14 @@ def grippers_layout(grippers: int) -> dict[str, Any]:
     }
 
 
+def joints_layout(names: tuple[str, ...]) -> dict[str, Any]:
+    """What the low-dimensional statistics of a joint-space dataset hold: obs.joint_state and
+    action are the D joints in this order (action_per_step: H times D)."""
+    return {"names": list(names), "grippers": layout.gripper_joints(names)}
+
+
 def observation_image_offsets(
-    streams: EpisodeStreams, episodes: list[int], window: WindowConfig
+    streams: FrameAxis, episodes: list[int], window: WindowConfig
 ) -> dict[str, Any]:
     """How far, per observation step (oldest first), the image is from the time its pose is
     sampled at: mean and max |capture time - observation time| over the anchors, in ms."""
@@ -151,7 +157,7 @@ def observation_image_offsets(
 
 
 def lowdim_statistics(
-    streams: EpisodeStreams, episodes: list[int], window: WindowConfig, config: StatsConfig
+    streams: FrameAxis, episodes: list[int], window: WindowConfig, config: StatsConfig
 ) -> dict[str, dict]:
     moments: dict[str, _Moments] = {}
     for blk in _windowed(streams, episodes, window, config.block_frames):
@@ -223,7 +229,7 @@ def compute_statistics(root: zarr.Group, window: WindowConfig, config: StatsConf
         len(split.val),
         len(split.test),
     )
-    streams = EpisodeStreams.from_store(root)  # loaded and its interpolator built once, for every pass
+    streams = open_series(root)  # loaded (and its interpolators built) once, for every pass
     return {
         "split": {
             "rule": RULE,
@@ -244,7 +250,13 @@ def compute_statistics(root: zarr.Group, window: WindowConfig, config: StatsConf
             "n_action_steps": window.n_action_steps,
         },
         # Several grippers: which gripper each block of 9 (pose) or 10 (action) numbers is.
-        **({"grippers": grippers_layout(streams.grippers)} if streams.grippers > 1 else {}),
+        **(
+            {"grippers": grippers_layout(streams.grippers)}
+            if isinstance(streams, EpisodeStreams) and streams.grippers > 1
+            else {}
+        ),
+        # Joint space: what each of the D numbers of a state and an action is.
+        **({"joints": joints_layout(streams.joint_names)} if isinstance(streams, JointSeries) else {}),
         "lowdim": lowdim_statistics(streams, train, window, config),
         "observation_image_offset_ms": observation_image_offsets(streams, train, window),
         "image": {

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import zarr
 
-from policypipe.dataset import joint, layout
-from policypipe.dataset.convert_cache import conversion_params, load_arrays
+from policypipe.dataset import layout
+from policypipe.dataset.convert_cache import camera_prefix, conversion_params, load_arrays
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.errors import DatasetError, is_disk_full, megabytes
 from policypipe.dataset.frame_shards import FrameShardWriter, create_frames_array
@@ -71,7 +71,7 @@ def assemble_store(
 def write_store(
     tmp: Path, episodes: list[dict[str, Any]], cache_dir: Path, config: ConvertConfig, frequency: float
 ) -> None:
-    if episodes[0].get("representation") == joint.REPRESENTATION:
+    if episodes[0].get("representation") == layout.JOINT_REPRESENTATION:
         write_joint_store(tmp, episodes, cache_dir, config, frequency)
         return
     total = sum(ep["frames"] for ep in episodes)
@@ -125,8 +125,10 @@ def write_store(
 
         appenders[layout.TIMESTAMP].append(seconds(ns))
         for k in config.cameras[1:]:
-            appenders[layout.camera_offset(k)].append(cached[f"camera{k}_offset_ns"].astype(np.float64) / 1e9)
-            appenders[layout.camera_valid(k)].append(cached[f"camera{k}_valid"])
+            appenders[layout.camera_offset(k)].append(
+                cached[f"{camera_prefix(k)}offset_ns"].astype(np.float64) / 1e9
+            )
+            appenders[layout.camera_valid(k)].append(cached[f"{camera_prefix(k)}valid"])
         for i in config.grippers:
             prefix = "" if i == 0 else f"robot{i}_"
             appenders[layout.eef_pos(i)].append(cached[f"{prefix}eef_pos"])
@@ -182,8 +184,8 @@ def write_joint_store(
 
     columns = {
         layout.TIMESTAMP: rows(layout.TIMESTAMP, (), "float64"),
-        joint.STATE: rows(joint.STATE, (dims,), "float32"),
-        joint.ACTION: rows(joint.ACTION, (dims,), "float32"),
+        layout.JOINT_STATE: rows(layout.JOINT_STATE, (dims,), "float32"),
+        layout.JOINT_ACTION: rows(layout.JOINT_ACTION, (dims,), "float32"),
         **{layout.camera_offset(k): rows(layout.camera_offset(k), (), "float64") for k in config.cameras[1:]},
         **{layout.camera_valid(k): rows(layout.camera_valid(k), (), "bool") for k in config.cameras[1:]},
     }
@@ -193,11 +195,13 @@ def write_joint_store(
         _append_frames(frames, cached)
         ns = cached["capture_ns"]
         columns[layout.TIMESTAMP].append((ns - ns[0]).astype(np.float64) / 1e9)
-        columns[joint.STATE].append(cached["joint_state"])
-        columns[joint.ACTION].append(cached["joint_action"])
+        columns[layout.JOINT_STATE].append(cached["joint_state"])
+        columns[layout.JOINT_ACTION].append(cached["joint_action"])
         for k in config.cameras[1:]:
-            columns[layout.camera_offset(k)].append(cached[f"camera{k}_offset_ns"].astype(np.float64) / 1e9)
-            columns[layout.camera_valid(k)].append(cached[f"camera{k}_valid"])
+            columns[layout.camera_offset(k)].append(
+                cached[f"{camera_prefix(k)}offset_ns"].astype(np.float64) / 1e9
+            )
+            columns[layout.camera_valid(k)].append(cached[f"{camera_prefix(k)}valid"])
         ends.append(ends[-1] + len(ns))
     for writer in frames.values():
         writer.close()
@@ -216,9 +220,9 @@ def write_joint_store(
             layout.ATTRS_EPISODES: [{k: v for k, v in ep.items() if k != "key"} for ep in episodes],
             layout.ATTRS_GRIPPERS: [],
             layout.ATTRS_CAMERAS: list(config.cameras),
-            joint.ATTRS_REPRESENTATION: joint.REPRESENTATION,
-            joint.ATTRS_JOINT_NAMES: names,
-            joint.ATTRS_GRIPPER_JOINTS: joint.gripper_joints(names),
+            layout.ATTRS_REPRESENTATION: layout.JOINT_REPRESENTATION,
+            layout.ATTRS_JOINT_NAMES: names,
+            layout.ATTRS_GRIPPER_JOINTS: layout.gripper_joints(names),
         }
     )
 
@@ -246,7 +250,7 @@ def _frame_writers(
 def _append_frames(frames: dict[int, FrameShardWriter], cached: dict[str, np.ndarray]) -> None:
     """One cache entry's JPEG frames, camera by camera, as they were encoded."""
     for k, writer in frames.items():
-        prefix = "" if k == 0 else f"camera{k}_"
+        prefix = camera_prefix(k)
         data, offsets = cached[f"{prefix}jpeg"].tobytes(), cached[f"{prefix}jpeg_offsets"]
         writer.append([data[a:b] for a, b in zip(offsets[:-1], offsets[1:])])
 

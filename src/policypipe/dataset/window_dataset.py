@@ -1,8 +1,8 @@
-"""Training samples: one per anchor frame of the chosen episodes (`windows.EpisodeStreams.anchors`),
-with windows on the time axis (`dataset.windows`).
+"""Training samples: one per anchor frame of the chosen episodes (`windows.FrameAxis.anchors`),
+with windows on the time axis (`dataset.windows`; a joint-space dataset's, `dataset.joint_windows`).
 
-The frame times and the recorded pose and width samples are small and held in memory; a sample
-interpolates only the few samples its window spans. Images are decoded on demand, in the
+The frame times and the recorded pose and width samples (or joint vectors) are small and held in
+memory; a sample interpolates only the few samples its window spans. Images are decoded on demand, in the
 DataLoader's workers, through `FrameShardReader` (never the whole image array in RAM).
 """
 
@@ -17,7 +17,8 @@ from torch.utils.data import Dataset
 
 from policypipe.dataset import layout
 from policypipe.dataset.frame_shards import FrameShardReader
-from policypipe.dataset.windows import EpisodeStreams, WindowConfig
+from policypipe.dataset.joint_windows import open_series
+from policypipe.dataset.windows import WindowConfig
 
 
 class WindowDataset(Dataset):
@@ -26,14 +27,14 @@ class WindowDataset(Dataset):
             raise ValueError("no episodes to sample from")
         self.store, self.window = Path(store), window
         root = zarr.open_group(self.store, mode="r")
-        self.streams = EpisodeStreams.from_store(root)
+        self.streams = open_series(root)
         # Cameras beyond camera 0: their frames at the same rows, and whether a row has one.
         self.cameras = [k for k in root.attrs[layout.ATTRS_CAMERAS] if k != 0]
         self.valid = {k: root[layout.camera_valid(k)][:] for k in self.cameras}
         # (M,) frame index of each sample's anchor, and its episode.
         self.anchors, self.anchor_episodes = self.streams.anchors(episodes, window)
         if not len(self.anchors):
-            reach = window.action_offsets(self.streams.frequency_hz)[window.horizon - window.n_action_steps]
+            reach = self.streams.chunk_offsets(window)[window.horizon - window.n_action_steps]
             raise ValueError(
                 f"episodes {episodes} have no anchor frame: each is shorter than the {reach:.3f} s that "
                 "horizon - n_action_steps + 1 = "
@@ -51,8 +52,7 @@ class WindowDataset(Dataset):
         rows = w.obs_frames[0]
         item = {
             "obs_images": torch.from_numpy(self._frames[0].read_many(rows)),
-            "obs_pose": torch.from_numpy(w.obs_pose[0].astype(np.float32)),
-            "obs_width": torch.from_numpy(w.obs_width[0].astype(np.float32)),
+            **{k: torch.from_numpy(v.astype(np.float32)) for k, v in w.observation_arrays(0).items()},
             "action": torch.from_numpy(w.action[0].astype(np.float32)),
         }
         for k in self.cameras:

@@ -76,6 +76,11 @@ class WindowConfig:
         """(O,) seconds after the anchor (<= 0) of each observation step, oldest first."""
         return (np.arange(self.n_obs_steps) - (self.n_obs_steps - 1)) / frequency_hz
 
+    def command_offsets(self, frequency_hz: float) -> np.ndarray:
+        """(H,) seconds after the anchor of each step of a joint-space chunk (`dataset.joint`): step
+        k is the command recorded at t + k / f, step 0 the one issued at the anchor itself."""
+        return np.arange(self.horizon) / frequency_hz
+
 
 def episode_bounds(episode_ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first, last) row index of each episode, both inclusive."""
@@ -123,6 +128,20 @@ class Windows:
     obs_width: np.ndarray  # (M, O, G) metres
     obs_frames: np.ndarray  # (M, O) int64 frame index (row) of each observation's images
     action: np.ndarray  # (M, H, 10 G) per gripper: relative pose and the width's change from the anchor's
+
+    def lowdim_blocks(self) -> dict[str, np.ndarray]:
+        """{statistics entry: (rows, dim)}, as `dataset.stats` gathers them."""
+        return {
+            "action": self.action.reshape(-1, self.action.shape[-1]),
+            # Per horizon step (step-major, horizon x 10): near steps move far less than far ones.
+            "action_per_step": self.action.reshape(len(self.action), -1),
+            "obs.eef_pose_rel": self.obs_pose.reshape(-1, self.obs_pose.shape[-1]),
+            "obs.gripper_width": self.obs_width.reshape(-1, self.obs_width.shape[-1]),
+        }
+
+    def observation_arrays(self, i: int) -> dict[str, np.ndarray]:
+        """Sample i's low-dimensional observation, under the policy's batch keys."""
+        return {"obs_pose": self.obs_pose[i], "obs_width": self.obs_width[i]}
 
 
 def observation_names(grippers: int) -> list[str]:
@@ -195,13 +214,63 @@ class _Track:
         )
 
 
-class EpisodeStreams:
-    """A dataset's frame times and recorded pose and width samples of every gripper, on one time axis.
+def episode_shift(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """(E,) what to add to each episode's own clock so that the episodes, each spanning its
+    starts[e]..stops[e], follow each other on one axis, `EPISODE_GAP_S` apart."""
+    # float64 keeps 0.1 ns resolution on an axis as long as 100 hours of episodes.
+    return np.concatenate([[0.0], np.cumsum(stops - starts + EPISODE_GAP_S)[:-1]]) - starts
 
-    Each episode's own clock is shifted so that the episodes follow each other in order,
-    `EPISODE_GAP_S` apart: one sorted axis for the whole dataset, on which a chunk of anchors
-    from many episodes is interpolated in one vectorised call, and a clamped time of one episode
-    never reaches another's samples. Arrays are float64 and held in memory, with the pose
+
+class FrameAxis:
+    """A dataset's rows on one time axis: each episode's own clock shifted so that the episodes
+    follow each other in order, `EPISODE_GAP_S` apart, and what every window needs from it (the
+    anchors, clamped times, the observation steps' frames). Subclasses set `frequency_hz`, `first`,
+    `last`, `frame_episode` and `frame_time` (shifted), and say when a chunk's steps fall
+    (`chunk_offsets`)."""
+
+    frequency_hz: float
+    first: np.ndarray
+    last: np.ndarray
+    frame_episode: np.ndarray
+    frame_time: np.ndarray
+
+    def chunk_offsets(self, window: WindowConfig) -> np.ndarray:
+        """(H,) seconds after the anchor of each action step."""
+        return window.action_offsets(self.frequency_hz)
+
+    def anchors(self, episodes: list[int], window: WindowConfig) -> tuple[np.ndarray, np.ndarray]:
+        """(M,) anchor frame indices of `episodes`, in order, and (M,) the episode of each.
+
+        A frame is an anchor when at most n_action_steps - 1 of its action steps fall after the
+        episode's last frame, i.e. when step horizon - n_action_steps is inside the episode.
+        """
+        if not len(episodes):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        episodes = np.asarray(episodes, dtype=np.int64)
+        frames = np.concatenate([np.arange(self.first[e], self.last[e] + 1) for e in episodes])
+        owner = np.repeat(episodes, self.last[episodes] - self.first[episodes] + 1)
+        reach = self.chunk_offsets(window)[window.horizon - window.n_action_steps]
+        keep = self.frame_time[frames] + reach <= self.frame_time[self.last[owner]] + TIME_TOLERANCE_S
+        return frames[keep], owner[keep]
+
+    def _clamped(self, anchors: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """(M, K) times anchor + offset, clamped to the anchor's episode (edge padding)."""
+        episode = self.frame_episode[anchors]
+        lo, hi = self.frame_time[self.first[episode]], self.frame_time[self.last[episode]]
+        return np.clip(self.frame_time[anchors][:, None] + offsets[None], lo[:, None], hi[:, None])
+
+    def observation_frames(self, anchors: np.ndarray, window: WindowConfig) -> tuple[np.ndarray, np.ndarray]:
+        """((M, O) frame index nearest each observation time, (M, O) its capture time minus that time)."""
+        times = self._clamped(anchors, window.observation_offsets(self.frequency_hz))
+        frames = nearest_sample(self.frame_time, times)
+        return frames, self.frame_time[frames] - times
+
+
+class EpisodeStreams(FrameAxis):
+    """A dataset's frame times and recorded pose and width samples of every gripper, on one time axis
+    (`FrameAxis`): one sorted axis for the whole dataset, on which a chunk of anchors from many
+    episodes is interpolated in one vectorised call, and a clamped time of one episode never
+    reaches another's samples. Arrays are float64 and held in memory, with the pose
     interpolators built once (~70 MB per hour of recording at 200 Hz and gripper), so one sample
     costs a few binary searches.
     """
@@ -241,8 +310,7 @@ class EpisodeStreams:
             starts += [g.pose_time[p_first], g.width_time[w_first]]
             stops += [g.pose_time[p_last], g.width_time[w_last]]
         starts, stops = np.minimum.reduce(starts), np.maximum.reduce(stops)
-        # float64 keeps 0.1 ns resolution on an axis as long as 100 hours of episodes.
-        shift = np.concatenate([[0.0], np.cumsum(stops - starts + EPISODE_GAP_S)[:-1]]) - starts  # (E,)
+        shift = episode_shift(starts, stops)
         self.frame_episode = np.repeat(np.arange(len(shift)), self.last - self.first + 1)
         self.frame_time = np.asarray(frame_time, np.float64) + shift[self.frame_episode]
         self.tracks = [_Track(g, shift) for g in grippers]
@@ -311,33 +379,6 @@ class EpisodeStreams:
             first.width_episode_ends,
             tuple(others),
         )
-
-    def anchors(self, episodes: list[int], window: WindowConfig) -> tuple[np.ndarray, np.ndarray]:
-        """(M,) anchor frame indices of `episodes`, in order, and (M,) the episode of each.
-
-        A frame is an anchor when at most n_action_steps - 1 of its action steps fall after the
-        episode's last frame, i.e. when step horizon - n_action_steps is inside the episode.
-        """
-        if not len(episodes):
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        episodes = np.asarray(episodes, dtype=np.int64)
-        frames = np.concatenate([np.arange(self.first[e], self.last[e] + 1) for e in episodes])
-        owner = np.repeat(episodes, self.last[episodes] - self.first[episodes] + 1)
-        reach = window.action_offsets(self.frequency_hz)[window.horizon - window.n_action_steps]
-        keep = self.frame_time[frames] + reach <= self.frame_time[self.last[owner]] + TIME_TOLERANCE_S
-        return frames[keep], owner[keep]
-
-    def _clamped(self, anchors: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """(M, K) times anchor + offset, clamped to the anchor's episode (edge padding)."""
-        episode = self.frame_episode[anchors]
-        lo, hi = self.frame_time[self.first[episode]], self.frame_time[self.last[episode]]
-        return np.clip(self.frame_time[anchors][:, None] + offsets[None], lo[:, None], hi[:, None])
-
-    def observation_frames(self, anchors: np.ndarray, window: WindowConfig) -> tuple[np.ndarray, np.ndarray]:
-        """((M, O) frame index nearest each observation time, (M, O) its capture time minus that time)."""
-        times = self._clamped(anchors, window.observation_offsets(self.frequency_hz))
-        frames = nearest_sample(self.frame_time, times)
-        return frames, self.frame_time[frames] - times
 
     def windows(self, anchors: np.ndarray, window: WindowConfig, chunk: int = WINDOW_CHUNK) -> Windows:
         """The observation and action windows of frames `anchors` (M,), vectorised over `chunk`

@@ -3,7 +3,8 @@ them (bootstrap confidence intervals over seeds, episodes and samples). Pure fun
 
 An action chunk is (N, H, 10): per horizon step, position (3, metres) and 6D rotation (6)
 relative to the current gripper pose, and the gripper width's change from the current width
-(1, metres); a width error is therefore the same as an error of the absolute width.
+(1, metres); a width error is therefore the same as an error of the absolute width. A joint-space
+chunk (`joint_*`) is (N, H, D) absolute joint commands.
 """
 
 from __future__ import annotations
@@ -118,6 +119,32 @@ def constant_velocity(
     width = current[:, None] + (current - previous)[:, None] * np.arange(1, horizon + 1)[None]
     chunk[..., 9] = (np.clip(width, *width_range) if width_range is not None else width) - current[:, None]
     return chunk
+
+
+def joint_errors(
+    predicted: np.ndarray, recorded: np.ndarray, gripper_dims: list[int]
+) -> dict[str, np.ndarray]:
+    """Joint-space chunks (N, H, D), absolute (`dataset.joint_windows`): per sample and horizon step
+    (N, H), the mean absolute error over the arm joints and over the `gripper_dims` (a component
+    without dimensions is left out), in the dataset's units."""
+    diff = np.abs(predicted - recorded)
+    arm = [d for d in range(diff.shape[-1]) if d not in gripper_dims]
+    groups = {"joints": arm, "grippers": list(gripper_dims)}
+    return {name: diff[..., dims].mean(axis=-1) for name, dims in groups.items() if dims}
+
+
+def joint_hold_still(obs_state: np.ndarray, horizon: int) -> np.ndarray:
+    """(N, H, D): the current joint vector (the last observation step) at every step."""
+    return np.repeat(obs_state[:, -1:], horizon, axis=1)
+
+
+def joint_constant_velocity(obs_state: np.ndarray, horizon: int) -> np.ndarray:
+    """(N, H, D): the motion from the previous observation step to the current one continued, step k
+    at k + 1 periods."""
+    if obs_state.shape[1] < 2:
+        raise ValueError(f"constant velocity needs at least 2 observation steps, got {obs_state.shape[1]}")
+    current, velocity = obs_state[:, -1], obs_state[:, -1] - obs_state[:, -2]
+    return current[:, None] + velocity[:, None] * np.arange(1, horizon + 1)[None, :, None]
 
 
 def foreign_episode_partners(episodes: np.ndarray, seed: int) -> np.ndarray:

@@ -114,10 +114,11 @@ class EvalConfig:
 def predict(
     policy: DiffusionPolicy, batch: dict[str, torch.Tensor], batch_size: int, seed: int
 ) -> np.ndarray:
-    """(N, T, 10) predicted chunks; noise seeded per batch, so results are reproducible."""
+    """(N, T, 10 G) predicted chunks (joint space: (N, T, D)); noise seeded per batch, so results
+    are reproducible."""
     policy.eval()
     out = []
-    n = len(batch["obs_pose"])
+    n = len(batch["obs_images"])
     for b, s in enumerate(range(0, n, batch_size)):
         # contiguous(): an expanded constant image is a view with stride 0; the policy gets its own copy.
         part = {k: v[s : s + batch_size].contiguous() for k, v in batch.items() if k != "action"}
@@ -300,22 +301,11 @@ def evaluate_side(
     recorded = samples.batch["action"].double().numpy()
     log.info("evaluating on %d samples of %d held-out episodes", len(samples), len(episodes))
 
-    chunks = {"policy": predict(policy, samples.batch, config.batch_size, config.seed)}
-    baseline_chunks, omitted, search_s = baselines.chunks(samples)
-    chunks |= baseline_chunks
-    ablations = camera_ablations(samples, stats, config.seed)
-    if ABLATION_OTHER_EPISODES not in ablations:
-        omitted[ABLATION_OTHER_EPISODES] = "needs at least 2 episodes on this side"
-    for name, replaced in ablations.items():
-        chunks[name] = predict(policy, samples.batch | replaced, config.batch_size, config.seed)
-    for name, why in omitted.items():
-        log.warning("%s omitted: %s", name, why)
+    chunks, baseline_names, omitted, search_s = side_chunks(policy, samples, baselines, stats, config)
     spread = _spread(policy, samples, config)
 
     def side_report(errors: dict[str, dict[str, np.ndarray]], recorded: np.ndarray, spread_mm: float):
-        return _side_report(
-            errors, recorded, samples, list(baseline_chunks), spread_mm, pc.n_action_steps, config
-        )
+        return _side_report(errors, recorded, samples, baseline_names, spread_mm, pc.n_action_steps, config)
 
     report, per_step = side_report(
         {name: whole_errors(chunk, recorded) for name, chunk in chunks.items()},
@@ -340,6 +330,25 @@ def evaluate_side(
     }
 
 
+def side_chunks(
+    policy: DiffusionPolicy, samples: Samples, baselines: Any, stats: dict[str, Any], config: EvalConfig
+) -> tuple[dict[str, np.ndarray], list[str], dict[str, str], float]:
+    """Every chunk a side is judged by, {name: (N, T, ...)}: the policy's, each baseline's (from
+    `baselines.chunks`) and each camera ablation's; the baselines' names; {name: why} of those that
+    cannot be made; the nearest neighbour's search seconds."""
+    chunks = {"policy": predict(policy, samples.batch, config.batch_size, config.seed)}
+    baseline_chunks, omitted, search_s = baselines.chunks(samples)
+    chunks |= baseline_chunks
+    ablations = camera_ablations(samples, stats, config.seed)
+    if ABLATION_OTHER_EPISODES not in ablations:
+        omitted[ABLATION_OTHER_EPISODES] = "needs at least 2 episodes on this side"
+    for name, replaced in ablations.items():
+        chunks[name] = predict(policy, samples.batch | replaced, config.batch_size, config.seed)
+    for name, why in omitted.items():
+        log.warning("%s omitted: %s", name, why)
+    return chunks, list(baseline_chunks), omitted, search_s
+
+
 def _side_report(
     errors: dict[str, dict[str, np.ndarray]],
     recorded: np.ndarray,
@@ -351,62 +360,12 @@ def _side_report(
 ) -> tuple[dict[str, Any], list[dict[str, float]]]:
     """The report of one side from every chunk's errors {name: {component: (N, T)}} (the policy,
     the baselines, the camera ablations), and its per-step position errors."""
-    executed = {
-        name: {c: e[c][:, :n_action_steps].mean(axis=1) for c in COMPONENTS} for name, e in errors.items()
-    }
-    report: dict[str, Any] = {
-        "samples": len(samples),
-        "episodes": len(set(samples.episodes.tolist())),
-        "skipped_episodes": len(samples.skipped),
-    }
-    per_step = []
-    for name, errs in errors.items():
-        summaries = {c: summarize(errs[c], n_action_steps) for c in COMPONENTS}
-        report[name] = {c: {k: v for k, v in s.items() if k != "per_step_mean"} for c, s in summaries.items()}
-        for h, value in enumerate(summaries["position_mm"]["per_step_mean"]):
-            if len(per_step) <= h:
-                per_step.append({"step": h + 1})
-            per_step[h][name] = value
-    for baseline in baseline_names:
-        report[f"ratio_to_{baseline}"] = {
-            c: report["policy"][c]["executed"]["mean"] / max(report[baseline][c]["executed"]["mean"], 1e-12)
-            for c in COMPONENTS
-        }
-    other = executed.get(ABLATION_OTHER_EPISODES)
-    summary = seeds_summary(
-        {c: executed["policy"][c][None] for c in COMPONENTS},
-        {c: other[c][None] for c in COMPONENTS} if other is not None else None,
-        {b: executed[b] for b in baseline_names},
-        samples.episodes,
-        config.seed,
-        config.bootstrap_resamples,
+    report, per_step, executed, summary = error_report(
+        errors, COMPONENTS, samples, baseline_names, n_action_steps, config
     )
-    # Flat enough for `dvc metrics diff`: one number (or name) per key path.
-    report["best_baseline"] = {c: summary[c]["best_baseline"] for c in COMPONENTS}
-    report["ratio_to_best_baseline"] = {c: summary[c]["ratio_to_best_baseline"]["mean"] for c in COMPONENTS}
-    report["ratio_to_best_baseline_ci95"] = {
-        c: _low_high(summary[c]["ratio_to_best_baseline"]["ci95"]) for c in COMPONENTS
-    }
-    report["policy_executed_ci95"] = {c: _low_high(summary[c]["policy"]["ci95"]) for c in COMPONENTS}
-    report["ci_method"] = CI_METHOD
-    report["ci_covers"] = ci_scope({"policy": 1}, report["episodes"])
-    # The other-episodes gap as `policypipe compare` reports it (same bootstrap); every other
-    # ablation, which compare leaves out, by a paired bootstrap over the episodes and samples.
-    gaps: dict[str, Any] = {}
-    if other is not None:
-        gap = summary["position_mm"]["camera_ablation_gap"]
-        gaps["other_episodes"] = {"mean": gap["mean"]} | _low_high(gap["ci95"])
-    for name in executed:
-        ablation = ABLATION_NAME.match(name)  # camera_ablation_absent_camera2: kind absent, camera 2
-        if ablation is None or name == ABLATION_OTHER_EPISODES:
-            continue
-        kind, camera = ablation[1], ablation[2]
-        gap = executed[name]["position_mm"] - executed["policy"]["position_mm"]
-        entry = {"mean": float(gap.mean())} | _low_high(
-            bootstrap_mean_ci(gap, samples.episodes, config.seed, config.bootstrap_resamples)
-        )
-        (gaps.setdefault(f"camera{camera}", {}) if camera else gaps)[kind] = entry
-    report["camera_ablation_gap_position_mm"] = gaps
+    report["camera_ablation_gap_position_mm"] = ablation_gaps(
+        executed, summary, "position_mm", samples, config
+    )
     report["moving_vs_still"] = moving_vs_still(
         {name: executed[name] for name in ("policy", *baseline_names)},
         moving_samples(recorded, n_action_steps, config.moving_position_mm, config.moving_width_mm),
@@ -415,6 +374,89 @@ def _side_report(
     )
     report["spread_mm"] = spread_mm
     return report, per_step
+
+
+def error_report(
+    errors: dict[str, dict[str, np.ndarray]],
+    components: tuple[str, ...],
+    samples: Samples,
+    baseline_names: list[str],
+    n_action_steps: int,
+    config: EvalConfig,
+) -> tuple[dict[str, Any], list[dict[str, float]], dict[str, dict[str, np.ndarray]], dict[str, Any]]:
+    """What a side's report holds whatever a chunk is (gripper poses, or joints in
+    `joint_space`), from every chunk's errors {name: {component: (N, T)}}: the counts, each chunk's
+    summaries, the policy's ratio to each baseline and to the best one (95% CI). Also the per-step
+    errors of `components[0]`, each chunk's executed errors per sample, and `seeds_summary`'s
+    result (for the camera ablation gaps)."""
+    executed = {
+        name: {c: e[c][:, :n_action_steps].mean(axis=1) for c in components} for name, e in errors.items()
+    }
+    report: dict[str, Any] = {
+        "samples": len(samples),
+        "episodes": len(set(samples.episodes.tolist())),
+        "skipped_episodes": len(samples.skipped),
+    }
+    per_step = []
+    for name, errs in errors.items():
+        summaries = {c: summarize(errs[c], n_action_steps) for c in components}
+        report[name] = {c: {k: v for k, v in s.items() if k != "per_step_mean"} for c, s in summaries.items()}
+        for h, value in enumerate(summaries[components[0]]["per_step_mean"]):
+            if len(per_step) <= h:
+                per_step.append({"step": h + 1})
+            per_step[h][name] = value
+    for baseline in baseline_names:
+        report[f"ratio_to_{baseline}"] = {
+            c: report["policy"][c]["executed"]["mean"] / max(report[baseline][c]["executed"]["mean"], 1e-12)
+            for c in components
+        }
+    other = executed.get(ABLATION_OTHER_EPISODES)
+    summary = seeds_summary(
+        {c: executed["policy"][c][None] for c in components},
+        {c: other[c][None] for c in components} if other is not None else None,
+        {b: executed[b] for b in baseline_names},
+        samples.episodes,
+        config.seed,
+        config.bootstrap_resamples,
+    )
+    # Flat enough for `dvc metrics diff`: one number (or name) per key path.
+    report["best_baseline"] = {c: summary[c]["best_baseline"] for c in components}
+    report["ratio_to_best_baseline"] = {c: summary[c]["ratio_to_best_baseline"]["mean"] for c in components}
+    report["ratio_to_best_baseline_ci95"] = {
+        c: _low_high(summary[c]["ratio_to_best_baseline"]["ci95"]) for c in components
+    }
+    report["policy_executed_ci95"] = {c: _low_high(summary[c]["policy"]["ci95"]) for c in components}
+    report["ci_method"] = CI_METHOD
+    report["ci_covers"] = ci_scope({"policy": 1}, report["episodes"])
+    return report, per_step, executed, summary
+
+
+def ablation_gaps(
+    executed: dict[str, dict[str, np.ndarray]],
+    summary: dict[str, Any],
+    component: str,
+    samples: Samples,
+    config: EvalConfig,
+) -> dict[str, Any]:
+    """Each camera ablation's executed `component` error minus the policy's, with a 95% CI: the
+    other-episodes gap as `policypipe compare` reports it (`summary`, the same bootstrap); every
+    other ablation, which compare leaves out, by a paired bootstrap over the episodes and samples.
+    Camera 0's by kind, camera k's under `camera{k}`."""
+    gaps: dict[str, Any] = {}
+    if ABLATION_OTHER_EPISODES in executed:
+        gap = summary[component]["camera_ablation_gap"]
+        gaps["other_episodes"] = {"mean": gap["mean"]} | _low_high(gap["ci95"])
+    for name in executed:
+        ablation = ABLATION_NAME.match(name)  # camera_ablation_absent_camera2: kind absent, camera 2
+        if ablation is None or name == ABLATION_OTHER_EPISODES:
+            continue
+        kind, camera = ablation[1], ablation[2]
+        gap = executed[name][component] - executed["policy"][component]
+        entry = {"mean": float(gap.mean())} | _low_high(
+            bootstrap_mean_ci(gap, samples.episodes, config.seed, config.bootstrap_resamples)
+        )
+        (gaps.setdefault(f"camera{camera}", {}) if camera else gaps)[kind] = entry
+    return gaps
 
 
 def moving_vs_still(

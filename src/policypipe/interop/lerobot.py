@@ -8,15 +8,18 @@ The layout is LeRobot's (`lerobot.datasets.utils`, codebase_version "v3.0"): `me
 
 LeRobot looks a frame up at `from_timestamp + frame_index / fps` within 1e-4 s, so frames must sit
 on an exact grid: the dataset must have been converted with `convert.resample_hz` (an integer
-rate). Its rows are the frames nearest each grid time; a grid time whose nearest frame is also a
-neighbour's (a dropped frame) has no row of its own, and the export repeats the nearer row there,
-counting it (`policypipe.filled_slots` in `meta/info.json`, per episode in the sidecar): the
-frames are never shifted, a slot is filled in the open.
+rate), or be a joint-space dataset (`dataset.joint`), whose rows are its files' control steps at an
+integer `pair.aloha.control_hz`. Its rows are the frames nearest each grid time; a grid time whose
+nearest frame is also a neighbour's (a dropped frame) has no row of its own, and the export
+repeats the nearer row there, counting it (`policypipe.filled_slots` in `meta/info.json`, per
+episode in the sidecar): the frames are never shifted, a slot is filled in the open.
 
 State and action are absolute, as LeRobot's policies take them: per gripper the position (m,
 world frame), the rotation as an axis-angle vector (rad) and the opening (m); the action at frame
 t is the state at t + 1 / fps (the last frame's, its own). policypipe's own training uses the
-relative representation of `dataset.windows` instead.
+relative representation of `dataset.windows` instead. A joint-space dataset's state is the
+joint vector and its action the command recorded at the frame, as ALOHA's LeRobot datasets hold
+them (`REPRESENTATION`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,20 @@ QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
 SIDECAR = "meta/policypipe.json"
 # Off the grid by more than this (beyond half a period): the dataset's rows are not its grid's.
 GRID_TOLERANCE_S = 1e-6
+# What the sidecar says the vectors are, for a dataset of gripper poses and a joint-space one.
+REPRESENTATION = {
+    "pose": {
+        "observation.state": "per gripper: position (m, world frame), rotation axis-angle (rad, "
+        "world <- gripper), opening (m)",
+        "action": "the state at the next frame (t + 1 / fps); the episode's last frame: its own",
+        "timestamp": "frame_index / fps: the grid of convert.resample_hz",
+    },
+    "joint": {
+        "observation.state": "the joint vector at the frame (observations/qpos), in the dataset's units",
+        "action": "the command recorded at the frame (action), absolute",
+        "timestamp": "frame_index / fps: the files' control steps (pair.aloha.control_hz)",
+    },
+}
 
 
 class ExportError(ValueError):
@@ -83,25 +100,31 @@ def export_lerobot(store: Path, out: Path, config: LeRobotExportConfig) -> Expor
             f"dataset {store} has format {root.attrs.get(layout.ATTRS_FORMAT)}, this version exports "
             f"format {layout.FORMAT_VERSION}: rebuild it with `dvc repro convert`"
         )
+    joint_space = layout.is_joint_space(root.attrs)
     fps = _grid_rate(store, root)
     grippers, cameras = list(root.attrs[layout.ATTRS_GRIPPERS]), list(root.attrs[layout.ATTRS_CAMERAS])
     ends = root[layout.EPISODE_ENDS][:].astype(np.int64)
     starts = np.concatenate([[0], ends[:-1]])
     stamps = root[layout.TIMESTAMP][:].astype(np.float64)
-    state = np.concatenate(
-        [
-            np.concatenate(
-                [
-                    root[layout.eef_pos(i)][:].astype(np.float64),
-                    root[layout.eef_rot(i)][:].astype(np.float64),
-                    root[layout.gripper_width(i)][:].astype(np.float64).reshape(-1, 1),
-                ],
-                axis=1,
-            )
-            for i in grippers
-        ],
-        axis=1,
-    ).astype(np.float32)
+    if joint_space:
+        state, commands = root[layout.JOINT_STATE][:], root[layout.JOINT_ACTION][:]
+        names = list(root.attrs[layout.ATTRS_JOINT_NAMES])
+    else:
+        state = np.concatenate(
+            [
+                np.concatenate(
+                    [
+                        root[layout.eef_pos(i)][:].astype(np.float64),
+                        root[layout.eef_rot(i)][:].astype(np.float64),
+                        root[layout.gripper_width(i)][:].astype(np.float64).reshape(-1, 1),
+                    ],
+                    axis=1,
+                )
+                for i in grippers
+            ],
+            axis=1,
+        ).astype(np.float32)
+        names = state_names(grippers)
     # Per episode: the row of every grid slot.
     slot_rows, filled = [], []
     for e, (a, b) in enumerate(zip(starts, ends)):
@@ -112,14 +135,15 @@ def export_lerobot(store: Path, out: Path, config: LeRobotExportConfig) -> Expor
     lengths = np.array([len(r) for r in slot_rows], np.int64)
     episode_index = np.repeat(np.arange(len(lengths)), lengths)
     frame_index = np.concatenate([np.arange(n) for n in lengths]).astype(np.int64)
-    # The action at frame t is the state at t + 1 / fps; the episode's last frame keeps its own.
-    next_slot = np.concatenate([np.minimum(np.arange(n) + 1, n - 1) for n in lengths])
-    offsets = np.repeat(np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
     frame_state = state[rows]
-    action = frame_state[offsets + next_slot]
+    if joint_space:  # the command recorded at the frame
+        action = commands[rows]
+    else:  # the state at t + 1 / fps; the episode's last frame keeps its own
+        next_slot = np.concatenate([np.minimum(np.arange(n) + 1, n - 1) for n in lengths])
+        offsets = np.repeat(np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+        action = frame_state[offsets + next_slot]
     timestamp = (frame_index / fps).astype(np.float32)
 
-    names = state_names(grippers)
     columns: dict[str, np.ndarray] = {
         "observation.state": frame_state,
         "action": action,
@@ -136,7 +160,9 @@ def export_lerobot(store: Path, out: Path, config: LeRobotExportConfig) -> Expor
         shutil.rmtree(partial)
     (partial / "meta").mkdir(parents=True)
     try:
-        _write_folder(partial, store, root, config, fps, cameras, rows, lengths, filled, columns, names)
+        _write_folder(
+            partial, store, root, config, fps, cameras, rows, lengths, filled, columns, names, joint_space
+        )
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)  # nothing half-written is left behind
         raise
@@ -157,6 +183,7 @@ def _write_folder(
     filled: list[int],
     columns: dict[str, np.ndarray],
     names: list[str],
+    joint_space: bool,
 ) -> None:
     _write_data(partial / DATA_PATH.format(chunk_index=0, file_index=0), columns)
     image_size = tuple(root.attrs[layout.ATTRS_IMAGE_SIZE])
@@ -200,12 +227,7 @@ def _write_folder(
         partial / SIDECAR,
         {
             "dataset": {"path": store.as_posix(), "fingerprint": digest},
-            "representation": {
-                "observation.state": "per gripper: position (m, world frame), rotation axis-angle (rad, "
-                "world <- gripper), opening (m)",
-                "action": "the state at the next frame (t + 1 / fps); the episode's last frame: its own",
-                "timestamp": "frame_index / fps: the grid of convert.resample_hz",
-            },
+            "representation": REPRESENTATION["joint" if joint_space else "pose"],
             "episodes": [
                 {
                     "episode_index": e,
@@ -228,6 +250,13 @@ def state_names(grippers: list[int]) -> list[str]:
 
 
 def _grid_rate(store: Path, root: zarr.Group) -> int:
+    if layout.is_joint_space(root.attrs):  # the rows are the files' control steps
+        rate = float(root.attrs[layout.ATTRS_FREQUENCY])
+        if rate != int(rate):
+            raise ExportError(
+                f"dataset {store} is at pair.aloha.control_hz = {rate} Hz: LeRobot's fps is an integer"
+            )
+        return int(rate)
     rate = root.attrs[layout.ATTRS_PARAMS].get("resample_hz")
     if rate is None:
         raise ExportError(

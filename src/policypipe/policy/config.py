@@ -30,9 +30,11 @@ class PolicyConfig:
     n_obs_steps: int = 2
     horizon: int = 16
     n_action_steps: int = 8
-    # What the dataset holds (set from its statistics, not a param): its grippers and cameras.
+    # What the dataset holds (set from its statistics, not a param): its grippers and cameras, or
+    # for a joint-space dataset (`dataset.joint`) its joints, by name, and no gripper poses.
     grippers: int = 1
     cameras: int = 1
+    joint_names: tuple[str, ...] = ()
     # One image encoder per camera (the default: each camera's view is its own), or one shared by all.
     shared_camera_encoder: bool = False
     # Image encoder: a ResNet-18-style CNN with GroupNorm, trained from scratch.
@@ -74,19 +76,35 @@ class PolicyConfig:
     prediction_type: str = "epsilon"
 
     @property
+    def joint_space(self) -> bool:
+        """Observes and commands absolute joint vectors (`dataset.joint`), not gripper poses."""
+        return bool(self.joint_names)
+
+    @property
     def obs_pose_dim(self) -> int:
         """Each gripper's pose in its own frame and every other one's in it (`windows.observation_names`)."""
         return POSE_DIM * self.grippers**2
 
     @property
+    def obs_lowdim_dim(self) -> int:
+        """The low-dimensional numbers of one observation step: poses and widths, or the joints."""
+        return len(self.joint_names) if self.joint_space else self.obs_pose_dim + self.grippers
+
+    @property
     def action_dim(self) -> int:
-        return ACTION_DIM * self.grippers
+        return len(self.joint_names) if self.joint_space else ACTION_DIM * self.grippers
 
     def __post_init__(self) -> None:
-        if self.grippers < 1 or self.cameras < 1:
-            raise ValueError(
-                f"a policy needs at least one gripper and one camera, got {self.grippers} and {self.cameras}"
-            )
+        if self.joint_space:
+            if self.grippers != 0 or len(set(self.joint_names)) != len(self.joint_names):
+                raise ValueError(
+                    f"a joint-space policy observes distinct joints and no gripper pose: got grippers "
+                    f"{self.grippers} and joint_names {list(self.joint_names)}"
+                )
+        elif self.grippers < 1:
+            raise ValueError(f"a policy needs at least one gripper, got {self.grippers}")
+        if self.cameras < 1:
+            raise ValueError(f"a policy needs at least one camera, got {self.cameras}")
         if not 1 <= self.n_action_steps <= self.horizon:
             raise ValueError(
                 f"n_action_steps must be in 1..horizon ({self.horizon}), got {self.n_action_steps}"

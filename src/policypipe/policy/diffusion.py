@@ -12,6 +12,9 @@ Batch layout, with B batch, O = n_obs_steps, T = horizon, G grippers (`config.gr
                                        then each other gripper's in it (`windows.observation_names`)
   obs_width    float (B, O, G)
   action       float (B, T, 10 G)      future poses relative to the current one, and the width's change
+or, for a joint-space policy (`config.joint_names`, D joints; `dataset.joint`):
+  obs_state    float (B, O, D)         the joint vectors at the observation steps
+  action       float (B, T, D)         the commands from the current step on, absolute
 and for each further camera k (`config.cameras`):
   obs_images_camera{k}  uint8 (B, O, H, W, 3)
   obs_valid_camera{k}   bool (B, O): a frame within convert.max_camera_offset_ms of the step
@@ -37,8 +40,11 @@ class DiffusionPolicy(nn.Module):
         super().__init__()
         self.config = config
         self.image_normalizer = ImageNormalizer()
-        self.pose_normalizer = LowDimNormalizer(config.obs_pose_dim, config.normalization)
-        self.width_normalizer = LowDimNormalizer(config.grippers, config.normalization)
+        if config.joint_space:
+            self.state_normalizer = LowDimNormalizer(config.action_dim, config.normalization)
+        else:
+            self.pose_normalizer = LowDimNormalizer(config.obs_pose_dim, config.normalization)
+            self.width_normalizer = LowDimNormalizer(config.grippers, config.normalization)
         action_dim = config.action_dim
         action_dims = config.horizon * action_dim if config.normalize_actions_per_step else action_dim
         self.action_normalizer = LowDimNormalizer(action_dims, config.normalization)
@@ -56,9 +62,7 @@ class DiffusionPolicy(nn.Module):
             self.absent_camera = nn.Parameter(
                 0.02 * torch.randn(config.cameras - 1, config.image_feature_dim)
             )
-        cond_dim = config.n_obs_steps * (
-            config.cameras * config.image_feature_dim + config.obs_pose_dim + config.grippers
-        )
+        cond_dim = config.n_obs_steps * (config.cameras * config.image_feature_dim + config.obs_lowdim_dim)
         self.denoiser = ConditionalUnet1D(
             action_dim,
             cond_dim,
@@ -88,8 +92,18 @@ class DiffusionPolicy(nn.Module):
 
     def fit_normalizers(self, stats: dict[str, Any]) -> None:
         """Loads the `stats` stage's statistics into the policy's own state."""
-        self.pose_normalizer.fit(stats["lowdim"]["obs.eef_pose_rel"])
-        self.width_normalizer.fit(stats["lowdim"]["obs.gripper_width"])
+        lowdim = stats["lowdim"]
+        if self.config.joint_space != ("obs.joint_state" in lowdim):
+            raise ValueError(
+                f"the statistics are of a {'joint-space' if 'obs.joint_state' in lowdim else 'gripper pose'} "
+                f"dataset, the policy is a {'joint-space' if self.config.joint_space else 'gripper pose'} "
+                "one: train on the dataset the statistics are of"
+            )
+        if self.config.joint_space:
+            self.state_normalizer.fit(lowdim["obs.joint_state"])
+        else:
+            self.pose_normalizer.fit(lowdim["obs.eef_pose_rel"])
+            self.width_normalizer.fit(lowdim["obs.gripper_width"])
         if self.config.normalize_actions_per_step:
             if "action_per_step" not in stats["lowdim"]:
                 raise ValueError(
@@ -124,17 +138,22 @@ class DiffusionPolicy(nn.Module):
     def condition(
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        """(B, O * (C F + 9 G^2 + G)): every camera's image features and the normalised
-        low-dimensional state, per obs step."""
+        """(B, O * (C F + 9 G^2 + G)), or (B, O * (C F + D)) in joint space: every camera's image
+        features and the normalised low-dimensional state, per obs step."""
         images = batch["obs_images"]
         b, o = images.shape[:2]
         pixels = self._crop(self.image_normalizer(images.flatten(0, 1)), generator)
         features = [self.encoder(pixels).view(b, o, -1)]
         for k in range(1, self.config.cameras):
             features.append(self._camera_features(k, batch, generator))
-        pose = self.pose_normalizer.normalize(batch["obs_pose"])
-        width = self.width_normalizer.normalize(batch["obs_width"])
-        return torch.cat([*features, pose, width], dim=-1).flatten(1)
+        if self.config.joint_space:
+            lowdim = [self.state_normalizer.normalize(batch["obs_state"])]
+        else:
+            lowdim = [
+                self.pose_normalizer.normalize(batch["obs_pose"]),
+                self.width_normalizer.normalize(batch["obs_width"]),
+            ]
+        return torch.cat([*features, *lowdim], dim=-1).flatten(1)
 
     def _camera_features(
         self, k: int, batch: dict[str, torch.Tensor], generator: torch.Generator | None
@@ -180,7 +199,8 @@ class DiffusionPolicy(nn.Module):
     def predict_action(
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        """(B, horizon, 10 G) actions in the dataset's units; the first n_action_steps are executed."""
+        """(B, horizon, 10 G) actions (joint space: (B, horizon, D) commands) in the dataset's units;
+        the first n_action_steps are executed."""
         cond = self.condition(batch)
         b = cond.shape[0]
         sample = torch.randn(

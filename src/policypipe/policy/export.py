@@ -62,8 +62,8 @@ def load_policy(folder: Path) -> DiffusionPolicy:
 
 
 # Fields a policy saved before they existed lacks, with the one value every such policy had: one
-# gripper and one camera (a fact of its format, not a default that may not describe it).
-FIELDS_ADDED_LATER = {"grippers": 1, "cameras": 1, "shared_camera_encoder": False}
+# gripper and one camera, gripper poses (a fact of its format, not a default that may not describe it).
+FIELDS_ADDED_LATER = {"grippers": 1, "cameras": 1, "shared_camera_encoder": False, "joint_names": ()}
 
 # How a trained policy samples, not what it learned: these may differ from training's values.
 SAMPLING_FIELDS = ("timestep_spacing", "num_inference_steps")

@@ -102,7 +102,7 @@ def _heading(quaternion: np.ndarray) -> float:
 
 def not_of_the_sample_scene(store: Path) -> str | None:
     """Why a dataset's policy cannot be rolled out in the sample's simulator, or None: a dataset
-    imported from HDF5 (robomimic's robots, cameras and tasks) is not of the sample scene."""
+    imported from HDF5 (robomimic's or ALOHA's robots, cameras and tasks) is not of the sample scene."""
     import zarr
 
     episodes = zarr.open_group(store, mode="r").attrs[layout.ATTRS_EPISODES]

@@ -105,7 +105,7 @@ class Observation:
             if missing := [f"robot{i}_{f}" for f in GRIPPER_FIELDS if f not in parts]:
                 raise ObservationError(f"gripper {i} lacks {', '.join(missing)}: send all five of its fields")
         return cls(
-            cameras={k: _camera(k, **cameras[k]) for k in sorted(cameras)},
+            cameras={k: checked_camera(k, **cameras[k]) for k in sorted(cameras)},
             grippers={i: _gripper(i, **grippers[i]) for i in sorted(grippers)},
         )
 
@@ -135,8 +135,8 @@ def _field_name(prefix: str, number: int, field: str) -> str:
     return field if number == 0 else f"{prefix}{number}_{field}"
 
 
-def _camera(k: int, frame_ns, frames) -> CameraFrames:
-    frame_ns = _times(frame_ns, _field_name("camera", k, "frame_ns"))
+def checked_camera(k: int, frame_ns, frames) -> CameraFrames:
+    frame_ns = checked_times(frame_ns, _field_name("camera", k, "frame_ns"))
     name = _field_name("camera", k, "frames")
     frames = np.asarray(frames)
     if frames.dtype != np.uint8:
@@ -159,9 +159,9 @@ def _gripper(i: int, pose_ns, position, quaternion, width_ns, width) -> GripperS
     def name(field: str) -> str:
         return _field_name("robot", i, field)
 
-    pose_ns = _times(pose_ns, name("pose_ns"))
-    position = _floats(position, name("position"), (len(pose_ns), 3))
-    quaternion = _floats(quaternion, name("quaternion"), (len(pose_ns), 4))
+    pose_ns = checked_times(pose_ns, name("pose_ns"))
+    position = checked_floats(position, name("position"), (len(pose_ns), 3))
+    quaternion = checked_floats(quaternion, name("quaternion"), (len(pose_ns), 4))
     norm = np.linalg.norm(quaternion, axis=1)
     if (off := np.abs(norm - 1) > QUATERNION_NORM_TOLERANCE).any():
         j = int(np.flatnonzero(off)[0])
@@ -169,12 +169,12 @@ def _gripper(i: int, pose_ns, position, quaternion, width_ns, width) -> GripperS
             f"{name('quaternion')} {j} has norm {norm[j]:.6f}, not 1 (x, y, z, w, scalar last; "
             f"{int(off.sum())} of {len(norm)} off by more than {QUATERNION_NORM_TOLERANCE})"
         )
-    width_ns = _times(width_ns, name("width_ns"))
-    width = _floats(width, name("width"), (len(width_ns),))
+    width_ns = checked_times(width_ns, name("width_ns"))
+    width = checked_floats(width, name("width"), (len(width_ns),))
     return GripperState(pose_ns, position, quaternion, width_ns, width)
 
 
-def _times(values, name: str) -> np.ndarray:
+def checked_times(values, name: str) -> np.ndarray:
     times = np.asarray(values)
     if times.ndim != 1 or len(times) == 0:
         raise ObservationError(
@@ -192,7 +192,7 @@ def _times(values, name: str) -> np.ndarray:
     return times
 
 
-def _floats(values, name: str, shape: tuple[int, ...]) -> np.ndarray:
+def checked_floats(values, name: str, shape: tuple[int, ...]) -> np.ndarray:
     array = np.asarray(values, dtype=np.float64)
     if array.shape != shape:
         raise ObservationError(f"{name} must have shape {shape}, got {array.shape}")

@@ -43,7 +43,12 @@ class GripperAnchor:
     width: float  # metres
 
 
-class PolicyRunner:
+class FrameRunner:
+    """What every runner does with camera frames: it checks the policy against its runtime spec,
+    picks each observation step's frame of camera 0 (and of every other camera) as training did, and
+    makes training frames of them. `PolicyRunner` (gripper poses) and `JointPolicyRunner` (joint
+    space, `runtime.joint_runner`) add the low-dimensional state and what the chunk means."""
+
     def __init__(self, policy: DiffusionPolicy, spec: RuntimeSpec, seed: int = 0) -> None:
         config = policy.config
         ours = (config.n_obs_steps, config.horizon, config.n_action_steps, tuple(config.image_size))
@@ -52,10 +57,15 @@ class PolicyRunner:
             raise ValueError(
                 f"the policy's windows and image size {ours} differ from its runtime spec's {theirs}"
             )
-        if (config.grippers, config.cameras) != (len(spec.grippers), len(spec.cameras)):
+        if (config.grippers, config.cameras, config.joint_names) != (
+            len(spec.grippers),
+            len(spec.cameras),
+            spec.joint_names,
+        ):
             raise ValueError(
-                f"the policy takes {config.grippers} grippers and {config.cameras} cameras, its runtime "
-                f"spec names grippers {list(spec.grippers)} and cameras {list(spec.cameras)}"
+                f"the policy takes {config.grippers} grippers, {config.cameras} cameras and joints "
+                f"{list(config.joint_names)}, its runtime spec names grippers {list(spec.grippers)}, "
+                f"cameras {list(spec.cameras)} and joints {list(spec.joint_names)}"
             )
         self.policy = policy.eval()
         self.spec = spec
@@ -65,6 +75,90 @@ class PolicyRunner:
             [round((spec.n_obs_steps - 1 - j) * NS / spec.frequency_hz) for j in range(spec.n_obs_steps)],
             dtype=np.int64,
         )
+
+    def _camera_batch(
+        self, cameras: dict[int, CameraFrames], episode_start_ns: int | None
+    ) -> tuple[dict[str, torch.Tensor], int, np.ndarray]:
+        """Every camera's frames of the observation steps as the policy's batch of one, t, and the
+        steps' times (O,), oldest first."""
+        spec = self.spec
+        camera = cameras[0]
+        t = int(camera.frame_ns[-1])
+        wanted = t - self.observation_offsets_ns  # (O,) oldest first
+        if episode_start_ns is not None:
+            wanted = np.maximum(wanted, min(int(episode_start_ns), t))
+        half_period = round(NS / spec.frequency_hz / 2)
+        if wanted[0] < camera.frame_ns[0] - half_period:
+            raise ObservationError(
+                f"observation step 0 needs a frame near t - {self.observation_offsets_ns[0] / 1e6:.1f} ms; "
+                f"the oldest frame sent is at t - {(t - camera.frame_ns[0]) / 1e6:.1f} ms: "
+                f"send the last {spec.n_obs_steps} camera frames at least"
+            )
+        chosen = nearest_sample(camera.frame_ns, wanted) if len(camera.frame_ns) > 1 else [0] * len(wanted)
+        images = np.stack([self._training_frame(camera.frames[i]) for i in chosen])
+        batch = {"obs_images": torch.from_numpy(images[None])}
+        chosen_ns = camera.frame_ns[chosen]
+        for k in spec.cameras[1:]:
+            frames, valid = self._other_camera(cameras.get(k), chosen_ns)
+            batch[f"obs_images_camera{k}"] = torch.from_numpy(frames[None])
+            batch[f"obs_valid_camera{k}"] = torch.from_numpy(valid[None])
+        return batch, t, wanted
+
+    def _other_camera(
+        self, camera: CameraFrames | None, chosen_ns: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Camera k >= 1 at the chosen camera 0 frames: (O, h, w, 3) its nearest frames as training
+        frames, black where absent, and (O,) whether each is within max_camera_offset_ms (all
+        absent for a camera not sent, as for a recording without it)."""
+        width, height = self.spec.image_size
+        frames = np.zeros((len(chosen_ns), height, width, 3), np.uint8)
+        if camera is None:
+            return frames, np.zeros(len(chosen_ns), bool)
+        nearest = (
+            nearest_sample(camera.frame_ns, chosen_ns)
+            if len(camera.frame_ns) > 1
+            else np.zeros(len(chosen_ns), int)
+        )
+        offset = np.abs(camera.frame_ns[nearest] - chosen_ns)
+        valid = offset <= round(self.spec.max_camera_offset_ms * 1e6)  # convert's comparison
+        for j in np.flatnonzero(valid):
+            frames[j] = self._training_frame(camera.frames[nearest[j]])
+        return frames, valid
+
+    def _training_frame(self, frame: np.ndarray) -> np.ndarray:
+        """A camera frame as `convert` stored it: resized, then through the store's JPEG."""
+        resized = resize_frame(frame, self.spec.image_size)
+        return decode_jpeg(np.frombuffer(encode_jpeg(resized, self.spec.jpeg_quality), np.uint8))
+
+    @staticmethod
+    def _require_covered(times: np.ndarray, wanted: np.ndarray, name: str, least: int = 2) -> None:
+        """Samples (at least `least`) before the oldest and at or after the newest observation time:
+        interpolated, never extrapolated, as in training."""
+        t = wanted[-1]
+        if len(times) < least or times[0] > wanted[0]:
+            raise ObservationError(
+                f"{name} samples start at t - {(t - times[0]) / 1e6:.1f} ms; the window needs them from "
+                f"t - {(t - wanted[0]) / 1e6:.1f} ms (history older than sent): send more {name} history"
+            )
+        if times[-1] < t:
+            raise ObservationError(
+                f"the latest {name} sample is {(t - times[-1]) / 1e6:.1f} ms before the latest frame: the "
+                f"{name} at the frame's capture time is interpolated, never extrapolated; act once a {name} "
+                "sample at or after the frame has arrived"
+            )
+
+
+class PolicyRunner(FrameRunner):
+    """A gripper-pose policy's runner (the module's docstring)."""
+
+    def __init__(self, policy: DiffusionPolicy, spec: RuntimeSpec, seed: int = 0) -> None:
+        if spec.joint_space:
+            raise ValueError(
+                f"a joint-space policy ({len(spec.joint_names)} joints): this runner, and the policy server "
+                "and the MCAP predictions built on it, drive gripper poses; run it in process with "
+                "policypipe.runtime.joint_runner.JointPolicyRunner"
+            )
+        super().__init__(policy, spec, seed)
         self.action_offsets_ns = np.array(
             [round((k + 1) * NS / spec.frequency_hz) for k in range(spec.horizon)], dtype=np.int64
         )
@@ -99,30 +193,7 @@ class PolicyRunner:
         """The policy's input batch of one, t, and each gripper's pose and width at t."""
         spec = self.spec
         self._require_what_the_policy_takes(observation)
-        t = int(observation.frame_ns[-1])
-        wanted = t - self.observation_offsets_ns  # (O,) oldest first
-        if episode_start_ns is not None:
-            wanted = np.maximum(wanted, min(int(episode_start_ns), t))
-        half_period = round(NS / spec.frequency_hz / 2)
-        if wanted[0] < observation.frame_ns[0] - half_period:
-            raise ObservationError(
-                f"observation step 0 needs a frame near t - {self.observation_offsets_ns[0] / 1e6:.1f} ms; "
-                f"the oldest frame sent is at t - {(t - observation.frame_ns[0]) / 1e6:.1f} ms: "
-                f"send the last {spec.n_obs_steps} camera frames at least"
-            )
-        chosen = (
-            nearest_sample(observation.frame_ns, wanted)
-            if len(observation.frame_ns) > 1
-            else [0] * len(wanted)
-        )
-        images = np.stack([self._training_frame(observation.frames[i]) for i in chosen])
-        batch = {"obs_images": torch.from_numpy(images[None])}
-        chosen_ns = observation.frame_ns[chosen]
-        for k in spec.cameras[1:]:
-            frames, valid = self._other_camera(observation.cameras.get(k), chosen_ns)
-            batch[f"obs_images_camera{k}"] = torch.from_numpy(frames[None])
-            batch[f"obs_valid_camera{k}"] = torch.from_numpy(valid[None])
-
+        batch, t, wanted = self._camera_batch(observation.cameras, episode_start_ns)
         x = (wanted - t) / 1e9  # seconds from t, as float64 offsets near zero (never absolute ns)
         sampled = [self._gripper_at(i, observation.grippers[i], wanted, x, t) for i in spec.grippers]
         obs_pose, obs_width, _ = gripper_features(
@@ -154,27 +225,6 @@ class PolicyRunner:
                 f"the observation has {', '.join(strangers)}, which the policy was not trained on (it takes "
                 f"grippers {list(spec.grippers)} and cameras {list(spec.cameras)}): leave them out"
             )
-
-    def _other_camera(
-        self, camera: CameraFrames | None, chosen_ns: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Camera k >= 1 at the chosen camera 0 frames: (O, h, w, 3) its nearest frames as training
-        frames, black where absent, and (O,) whether each is within max_camera_offset_ms (all
-        absent for a camera not sent, as for a recording without it)."""
-        width, height = self.spec.image_size
-        frames = np.zeros((len(chosen_ns), height, width, 3), np.uint8)
-        if camera is None:
-            return frames, np.zeros(len(chosen_ns), bool)
-        nearest = (
-            nearest_sample(camera.frame_ns, chosen_ns)
-            if len(camera.frame_ns) > 1
-            else np.zeros(len(chosen_ns), int)
-        )
-        offset = np.abs(camera.frame_ns[nearest] - chosen_ns)
-        valid = offset <= round(self.spec.max_camera_offset_ms * 1e6)  # convert's comparison
-        for j in np.flatnonzero(valid):
-            frames[j] = self._training_frame(camera.frames[nearest[j]])
-        return frames, valid
 
     def _gripper_at(
         self, i: int, gripper: GripperState, wanted: np.ndarray, x: np.ndarray, t: int
@@ -215,25 +265,3 @@ class PolicyRunner:
             past=past,
             relative=relative,
         )
-
-    def _training_frame(self, frame: np.ndarray) -> np.ndarray:
-        """A camera frame as `convert` stored it: resized, then through the store's JPEG."""
-        resized = resize_frame(frame, self.spec.image_size)
-        return decode_jpeg(np.frombuffer(encode_jpeg(resized, self.spec.jpeg_quality), np.uint8))
-
-    @staticmethod
-    def _require_covered(times: np.ndarray, wanted: np.ndarray, name: str) -> None:
-        """Samples before the oldest and at or after the newest observation time: interpolated,
-        never extrapolated, as in training."""
-        t = wanted[-1]
-        if len(times) < 2 or times[0] > wanted[0]:
-            raise ObservationError(
-                f"{name} samples start at t - {(t - times[0]) / 1e6:.1f} ms; the window needs them from "
-                f"t - {(t - wanted[0]) / 1e6:.1f} ms (history older than sent): send more {name} history"
-            )
-        if times[-1] < t:
-            raise ObservationError(
-                f"the latest {name} sample is {(t - times[-1]) / 1e6:.1f} ms before the latest frame: the "
-                f"{name} at the frame's capture time is interpolated, never extrapolated; act once a {name} "
-                "sample at or after the frame has arrived"
-            )

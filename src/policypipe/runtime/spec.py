@@ -6,8 +6,9 @@ the training frames were made from the cameras', the grippers and cameras it tak
 topics, how far another camera's frame may lie from camera 0's, the windows, the range of each
 gripper's openings it saw, and the conventions of its inputs and outputs.
 
-Format 2 added the grippers, the cameras and the camera offset; a format 1 file (one gripper, one
-camera) is still read.
+Format 2 added the grippers, the cameras and the camera offset; format 3 the joints of a
+joint-space policy (`dataset.joint`; `runtime.joint_runner` runs it) and the range of each joint's
+training commands. Format 1 and 2 files (gripper poses) are still read.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 RUNTIME_FILE = "runtime.json"
-RUNTIME_FORMAT = 2
-READABLE_FORMATS = (1, 2)
+RUNTIME_FORMAT = 3
+READABLE_FORMATS = (1, 2, 3)
 
 # How `convert` makes a training frame from a camera frame (dataset.episode.resize_frame and the
 # store's JPEG codec): the runner does the same.
@@ -43,6 +44,17 @@ CONVENTIONS = {
     ),
 }
 
+# A joint-space policy's (`joint_names` given): what differs from the gripper poses above.
+JOINT_CONVENTIONS = {
+    "joints": "the dataset's units per joint (ALOHA: radians; the gripper's normalised opening), in "
+    "joint_names' order; integer nanosecond times on the frames' clock",
+    "action": (
+        "step k (0-based) is the command for t + k / frequency_hz, t camera 0's latest frame's capture "
+        "time: absolute joint positions, clipped to command_ranges (the training commands')"
+    ),
+    "cameras": CONVENTIONS["cameras"],
+}
+
 
 @dataclass(frozen=True)
 class RuntimeSpec:
@@ -60,6 +72,14 @@ class RuntimeSpec:
     grippers: tuple[int, ...]  # the grippers the policy observes and drives, by number
     cameras: tuple[int, ...]  # the cameras it sees, camera 0 first
     max_camera_offset_ms: float  # convert's: a camera k >= 1 frame further from camera 0's is absent
+    # A joint-space policy (empty: gripper poses): its joints in order, and per joint the training
+    # commands' min and max.
+    joint_names: tuple[str, ...] = ()
+    command_ranges: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def joint_space(self) -> bool:
+        return bool(self.joint_names)
 
     @property
     def width_range_m(self) -> tuple[float, float]:
@@ -71,7 +91,7 @@ class RuntimeSpec:
             "format": RUNTIME_FORMAT,
             **asdict(self),
             "resize_method": RESIZE_METHOD,
-            "conventions": CONVENTIONS,
+            "conventions": JOINT_CONVENTIONS if self.joint_space else CONVENTIONS,
         }
 
     @classmethod
@@ -115,6 +135,8 @@ class RuntimeSpec:
             grippers=tuple(int(i) for i in raw["grippers"]),
             cameras=tuple(int(k) for k in raw["cameras"]),
             max_camera_offset_ms=float(raw["max_camera_offset_ms"]),
+            joint_names=tuple(str(n) for n in raw.get("joint_names", ())),
+            command_ranges=tuple((float(lo), float(hi)) for lo, hi in raw.get("command_ranges", ())),
         )
 
 
@@ -123,9 +145,17 @@ def spec_of_training(dataset_attrs: dict[str, Any], stats: dict[str, Any], stats
     from policypipe.dataset import layout
 
     window = stats["window"]
-    width = stats["lowdim"]["obs.gripper_width"]
     episodes = dataset_attrs[layout.ATTRS_EPISODES]
     grippers = tuple(dataset_attrs[layout.ATTRS_GRIPPERS])
+    if "joints" in stats:  # joint space: no gripper pose, the commands' ranges
+        commands = stats["lowdim"]["action"]
+        width_ranges: tuple[tuple[float, float], ...] = ()
+        joint_names = tuple(stats["joints"]["names"])
+        command_ranges = tuple((float(lo), float(hi)) for lo, hi in zip(commands["min"], commands["max"]))
+    else:
+        width = stats["lowdim"]["obs.gripper_width"]
+        width_ranges = tuple((float(width["min"][g]), float(width["max"][g])) for g in range(len(grippers)))
+        joint_names, command_ranges = (), ()
     topics = {ep["camera_topic"] for ep in episodes} | {
         camera["topic"] for ep in episodes for camera in ep.get("cameras", {}).values() if camera["topic"]
     }
@@ -138,10 +168,12 @@ def spec_of_training(dataset_attrs: dict[str, Any], stats: dict[str, Any], stats
         n_obs_steps=int(window["n_obs_steps"]),
         horizon=int(window["horizon"]),
         n_action_steps=int(window["n_action_steps"]),
-        width_ranges_m=tuple((float(width["min"][g]), float(width["max"][g])) for g in range(len(grippers))),
+        width_ranges_m=width_ranges,
         dataset_fingerprint=str(stats["dataset_fingerprint"]["sha256"]),
         stats_sha256=stats_sha256,
         grippers=grippers,
         cameras=tuple(dataset_attrs[layout.ATTRS_CAMERAS]),
         max_camera_offset_ms=float(params["max_camera_offset_ms"]),
+        joint_names=joint_names,
+        command_ranges=command_ranges,
     )

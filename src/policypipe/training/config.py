@@ -177,11 +177,12 @@ def train_config_from_params(
             f"params.yaml [train.model]: {', '.join(f'train.model.{k}' for k in overridden)} is set in "
             "the shared [policy] section (stats and eval read it too): remove it from train.model"
         )
-    from_dataset = sorted(set(model) & {"grippers", "cameras"})
+    from_dataset = sorted(set(model) & {"grippers", "cameras", "joint_names"})
     if from_dataset:
         raise ConfigError(
             f"params.yaml [train.model]: {', '.join(f'train.model.{k}' for k in from_dataset)} is the "
-            "dataset's (convert.grippers, convert.cameras), read from its statistics: remove it"
+            "dataset's (convert.grippers, convert.cameras, pair.aloha.joint_names), read from its "
+            "statistics: remove it"
         )
     down_dims = model.get("down_dims", PolicyConfig.down_dims)
     if isinstance(down_dims, (list, tuple)) and window.horizon % unet_horizon_multiple(tuple(down_dims)):
@@ -205,7 +206,10 @@ def train_config_from_params(
 
 
 def model_for_dataset(model: PolicyConfig, stats: Mapping[str, Any]) -> PolicyConfig:
-    """The model for the dataset the statistics describe: as many grippers and cameras as it keeps
-    (a dataset's, never a param)."""
+    """The model for the dataset the statistics describe: as many grippers and cameras as it keeps,
+    or its joints (a dataset's, never a param)."""
+    if "joints" in stats:
+        names = tuple(stats["joints"]["names"])
+        return replace(model, grippers=0, joint_names=names, cameras=len(stats["image"]))
     grippers = int(stats.get("grippers", {}).get("count", 1))
     return replace(model, grippers=grippers, cameras=len(stats["image"]))

@@ -9,8 +9,9 @@ chunks of `rank_samples` validation windows, evenly spaced over them and the sam
 checkpoint, with noise from a fixed seed, and each component's mean error over the executed
 steps is divided by holding still's on the same windows (a scale the data fixes, so position in
 millimetres, rotation in degrees and width in millimetres weigh alike); the score is the mean of
-the three ratios. docs/training.md ("Checkpoints and resume") has the measurement behind the
-default.
+the three ratios (joint space: of the arm joints' and the grippers' errors,
+`evaluation.joint_space`). docs/training.md ("Checkpoints and resume") has the measurement behind
+the default.
 """
 
 from __future__ import annotations
@@ -20,16 +21,23 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from policypipe.dataset.joint_windows import JointSeries
 from policypipe.dataset.window_dataset import WindowDataset
-from policypipe.evaluation.errors import chunk_errors, hold_still
+from policypipe.evaluation.errors import chunk_errors, hold_still, joint_errors, joint_hold_still
 from policypipe.policy.diffusion import DiffusionPolicy
 
 COMPONENTS = ("position_mm", "rotation_deg", "width_mm")
 
 
-def executed_means(chunks: np.ndarray, recorded: np.ndarray, n_action_steps: int) -> dict[str, float]:
+def executed_means(
+    chunks: np.ndarray, recorded: np.ndarray, n_action_steps: int, gripper_dims: list[int] | None = None
+) -> dict[str, float]:
     """Each component's error, averaged over the samples, the executed steps and the grippers (10
-    numbers each)."""
+    numbers each); for joint-space chunks (`gripper_dims` given: which of the D are grippers), over
+    the arm joints and over the grippers (`joint_space.joint_errors`)."""
+    if gripper_dims is not None:
+        errors = joint_errors(chunks, recorded, gripper_dims)
+        return {c: float(e[:, :n_action_steps].mean()) for c, e in errors.items()}
     blocks = [slice(10 * g, 10 * (g + 1)) for g in range(chunks.shape[-1] // 10)]
     errors = [chunk_errors(chunks[..., b], recorded[..., b]) for b in blocks]
     return {c: float(np.mean([e[c][:, :n_action_steps].mean() for e in errors])) for c in COMPONENTS}
@@ -43,6 +51,7 @@ class ExecutedErrorProbe:
     hold_still_error: dict[str, float]
     n_action_steps: int
     seed: int
+    gripper_dims: list[int] | None = None  # joint space: which dimensions are grippers
 
     @classmethod
     def of(cls, windows: WindowDataset, samples: int, n_action_steps: int, seed: int) -> ExecutedErrorProbe:
@@ -50,6 +59,12 @@ class ExecutedErrorProbe:
         items = [windows[int(i)] for i in picks]
         batch = {k: torch.stack([item[k] for item in items]) for k in items[0]}
         recorded = batch["action"].double().numpy()
+        if isinstance(windows.streams, JointSeries):
+            dims = windows.streams.gripper_dims
+            still = joint_hold_still(batch["obs_state"].double().numpy(), recorded.shape[1])
+            return cls(
+                batch, executed_means(still, recorded, n_action_steps, dims), n_action_steps, seed, dims
+            )
         grippers = recorded.shape[-1] // 10
         still = executed_means(
             np.tile(hold_still(len(picks), recorded.shape[1]), (1, 1, grippers)), recorded, n_action_steps
@@ -65,6 +80,8 @@ class ExecutedErrorProbe:
         observation = {k: v.to(device) for k, v in self.batch.items() if k != "action"}
         chunks = policy.predict_action(observation, generator).double().cpu().numpy()
         policy.train(was_training)
-        errors = executed_means(chunks, self.batch["action"].double().numpy(), self.n_action_steps)
-        ratios = [errors[c] / max(self.hold_still_error[c], 1e-12) for c in COMPONENTS]
+        errors = executed_means(
+            chunks, self.batch["action"].double().numpy(), self.n_action_steps, self.gripper_dims
+        )
+        ratios = [errors[c] / max(self.hold_still_error[c], 1e-12) for c in self.hold_still_error]
         return errors | {"score": float(np.mean(ratios))}
