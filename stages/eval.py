@@ -58,7 +58,7 @@ def main() -> None:
         except ValueError as exc:
             fail(str(exc))
         side = f"{result['report']['headline']} episodes"
-        per_step = result["per_step"] if joint_space else result["per_step_position_mm"]
+        per_step = result["per_step"]
         write_json_atomic(args.metrics, result["report"])
         write_json_atomic(args.per_step, per_step)
         plot = (

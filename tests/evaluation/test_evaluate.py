@@ -71,7 +71,7 @@ def test_report_has_errors_baselines_ratios_ablations_and_spread(setup) -> None:
     for baseline in BASELINE_NAMES:
         ratio = report[f"ratio_to_{baseline}"]["position_mm"]
         assert ratio == pytest.approx(means_of(report, "policy") / means_of(report, baseline))
-    assert set(result["per_step_position_mm"][0]) == {"step", *ENTRIES}
+    assert set(result["per_step"][0]) == {"step", *ENTRIES}
     assert report["spread_mm"] > 0  # different noise, different chunks
 
 
@@ -217,7 +217,7 @@ def test_report_is_deterministic(setup) -> None:
     first = evaluate(policy, store, stats, CONFIG)
     again = evaluate(policy, store, stats, CONFIG)
     assert canonical_json(first["report"]) == canonical_json(again["report"])
-    assert canonical_json(first["per_step_position_mm"]) == canonical_json(again["per_step_position_mm"])
+    assert canonical_json(first["per_step"]) == canonical_json(again["per_step"])
 
 
 def test_a_broken_episode_is_skipped_and_counted(setup) -> None:

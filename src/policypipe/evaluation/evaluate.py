@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -258,8 +259,21 @@ def evaluate(
     per-step errors, samples and chunks (for the plots); the baselines' seconds."""
     pc = policy.config
     window = WindowConfig(pc.n_obs_steps, pc.horizon, pc.n_action_steps)
-    sides = held_out_sides(stats)
     baselines = Baselines.build(store, stats, window, config)
+    return over_sides(
+        stats,
+        lambda episodes: evaluate_side(policy, store, episodes, stats, baselines, config),
+        baselines.nearest_neighbour.build_s,
+    )
+
+
+def over_sides(
+    stats: dict[str, Any], evaluate_one: Callable[[list[int]], dict[str, Any]], nn_build_s: float
+) -> dict[str, Any]:
+    """`evaluate_one(episodes)` on every held-out side, the headline first: the report of each (and
+    why there is no test side), the headline's per-step errors, samples and chunks, the nearest
+    neighbour's seconds."""
+    sides = held_out_sides(stats)
     report: dict[str, Any] = {"headline": next(iter(sides))}
     if "test" not in sides:
         report["no_test_side"] = (
@@ -268,19 +282,17 @@ def evaluate(
         )
     results, search_s = {}, 0.0
     for side, episodes in sides.items():
-        results[side] = evaluate_side(policy, store, episodes, stats, baselines, config)
+        results[side] = evaluate_one(episodes)
         report[side] = results[side]["report"]
         search_s += results[side]["search_s"]
     headline = results[report["headline"]]
     return {
         "report": report,
-        "per_step_position_mm": headline["per_step_position_mm"],
+        "per_step": headline["per_step"],
         "samples": headline["samples"],
         "chunks": headline["chunks"],
         # Seconds differ from run to run: kept out of the report, whose bytes depend on the inputs only.
-        "baseline_cost_s": {
-            "nearest_neighbour": {"build_s": baselines.nearest_neighbour.build_s, "predict_s": search_s}
-        },
+        "baseline_cost_s": {"nearest_neighbour": {"build_s": nn_build_s, "predict_s": search_s}},
     }
 
 
@@ -323,7 +335,7 @@ def evaluate_side(
     report["skipped"] = samples.skipped
     return {
         "report": report,
-        "per_step_position_mm": per_step,
+        "per_step": per_step,
         "samples": samples,
         "chunks": chunks,
         "search_s": search_s,

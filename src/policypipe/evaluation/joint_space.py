@@ -40,7 +40,7 @@ from policypipe.evaluation.evaluate import (
     EvalConfig,
     ablation_gaps,
     error_report,
-    held_out_sides,
+    over_sides,
     side_chunks,
 )
 from policypipe.evaluation.nearest_neighbour import block_scales, downsample, nearest
@@ -159,29 +159,14 @@ def evaluate_joint_space(
         )
     grippers = set(stats["joints"]["grippers"])
     gripper_dims = [d for d, name in enumerate(pc.joint_names) if name in grippers]
-    sides = held_out_sides(stats)
     baselines = JointBaselines.build(store, stats, window, config)
-    report: dict[str, Any] = {"headline": next(iter(sides)), "representation": "joint"}
-    if "test" not in sides:
-        report["no_test_side"] = (
-            "stats.test_fraction is 0: the headline is validation, the side the settings were chosen on, "
-            "so its numbers are optimistic"
-        )
-    results, search_s = {}, 0.0
-    for side, episodes in sides.items():
-        results[side] = _evaluate_side(policy, store, episodes, stats, baselines, gripper_dims, config)
-        report[side] = results[side]["report"]
-        search_s += results[side]["search_s"]
-    headline = results[report["headline"]]
-    return {
-        "report": report,
-        "per_step": headline["per_step"],
-        "samples": headline["samples"],
-        "chunks": headline["chunks"],
-        "baseline_cost_s": {
-            "nearest_neighbour": {"build_s": baselines.nearest_neighbour.build_s, "predict_s": search_s}
-        },
-    }
+    result = over_sides(
+        stats,
+        lambda episodes: _evaluate_side(policy, store, episodes, stats, baselines, gripper_dims, config),
+        baselines.nearest_neighbour.build_s,
+    )
+    result["report"]["representation"] = "joint"
+    return result
 
 
 def _evaluate_side(
