@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 export DVC_NO_ANALYTICS := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test test-fast lint lock bench smoke clean-demo remote push
+.PHONY: setup demo test test-fast lint lock bench smoke clean-demo remote push check-lerobot
 
 setup: $(STAMP)
 
@@ -63,6 +63,19 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.bench_stats
 	$(BIN)/python -m tests.benchmarks.bench_train
 	$(BIN)/python -m tests.benchmarks.bench_serve
+
+# The LeRobot export loaded by the real lerobot package, in an environment of its own (lerobot 0.6.1
+# needs Python 3.12 and a torch older than this project's; a few GB of downloads, once): every
+# frame it returns against the export's own files (docs/interop.md, "Checked with lerobot").
+LEROBOT_PYTHON ?= python3.12
+LEROBOT_VENV := .venv-lerobot
+LEROBOT_CHECK := build/lerobot-check
+check-lerobot: $(STAMP)
+	test -x $(LEROBOT_VENV)/bin/python || $(LEROBOT_PYTHON) -m venv $(LEROBOT_VENV)
+	$(LEROBOT_VENV)/bin/pip install -q 'lerobot[dataset]==0.6.1'
+	rm -rf $(LEROBOT_CHECK)
+	$(BIN)/python tests/interop/check_with_lerobot.py write $(LEROBOT_CHECK)
+	$(LEROBOT_VENV)/bin/python tests/interop/check_with_lerobot.py load $(LEROBOT_CHECK)
 
 # Before committing GPUs: the machine checked (policypipe doctor), then a few real steps,
 # interrupted and resumed in a fresh process.
