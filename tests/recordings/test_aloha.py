@@ -32,6 +32,10 @@ def test_the_control_rate_is_required_before_any_file_is_read() -> None:
         from_mapping(PairConfig, {"source": "aloha", "aloha": {"control_hz": 50}}, "pair").aloha.control_hz
         == 50
     )
+    with pytest.raises((ConfigError, ValueError), match="pair.aloha.joint_names must be distinct"):
+        from_mapping(
+            PairConfig, {"source": "aloha", "aloha": {"control_hz": 50, "joint_names": ["a", "a"]}}, "pair"
+        )
 
 
 def test_the_inventory_takes_each_file_as_an_episode_and_reports_what_it_cannot_read(tmp_path: Path) -> None:

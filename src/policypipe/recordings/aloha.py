@@ -62,7 +62,7 @@ class AlohaConfig:
         if self.control_hz is not None and not self.control_hz > 0:
             raise ValueError(f"pair.aloha.control_hz must be > 0 Hz, got {self.control_hz}")
         if len(set(self.joint_names)) != len(self.joint_names) or not self.joint_names:
-            raise ValueError(f"aloha.joint_names must be distinct names, got {list(self.joint_names)}")
+            raise ValueError(f"pair.aloha.joint_names must be distinct names, got {list(self.joint_names)}")
 
     def required_rate(self) -> float:
         if self.control_hz is None:
