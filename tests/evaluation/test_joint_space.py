@@ -111,3 +111,11 @@ def test_the_series_knows_its_grippers(setup) -> None:
     store, _, _ = setup
     series = JointSeries.from_store(zarr.open_group(store, mode="r"))
     assert [series.joint_names[d] for d in series.gripper_dims] == ["left_gripper", "right_gripper"]
+
+
+def test_compare_refuses_a_joint_space_policy_naming_the_eval_stage(setup) -> None:
+    from policypipe.evaluation.evaluate import compare_policies
+
+    store, stats, policy = setup
+    with pytest.raises(ValueError, match="compare takes gripper-pose policies so far"):
+        compare_policies([policy], None, store, stats, CONFIG)

@@ -560,6 +560,11 @@ def compare_policies(
         raise ValueError("side A needs at least one policy")
     sides = {"A": side_a} | ({"B": side_b} if side_b else {})
     policies = [p for side in sides.values() for p in side]
+    if any(p.config.joint_space for p in policies):
+        raise ValueError(
+            "policypipe compare takes gripper-pose policies so far; a joint-space policy is evaluated "
+            "against its baselines by the eval stage (docs/evaluation.md, 'Joint-space policies')"
+        )
     if len({(p.config.n_obs_steps, p.config.horizon) for p in policies}) > 1:
         raise ValueError(
             "the policies see different observation windows or horizons: their samples are not comparable"
