@@ -26,6 +26,7 @@ from policypipe.interop.lerobot import (
     LeRobotExportConfig,
     export_lerobot,
 )
+from policypipe.lineage.hashing import sha256_file
 from policypipe.synthetic.export import SampleConfig, write_sample_export
 from tests.dataset.test_convert import convert
 
@@ -60,6 +61,7 @@ def test_every_frame_and_value_is_the_datasets_on_the_grid(exported) -> None:
     info = json.loads((out / "meta/info.json").read_text())
     assert info["codebase_version"] == "v3.0" and info["fps"] == FPS and isinstance(info["fps"], int)
     assert info["policypipe"]["dataset_fingerprint"] == fingerprint(root).digest
+    assert info["policypipe"]["stats_sha256"] == sha256_file(out / "meta/stats.json")
     data = pq.read_table(out / DATA_PATH.format(chunk_index=0, file_index=0))
     kind = data.schema.field("observation.state").type  # datasets' Sequence(length=7, float32)
     assert pa.types.is_fixed_size_list(kind) and kind.list_size == 7 and kind.value_type == pa.float32()

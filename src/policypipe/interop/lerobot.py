@@ -38,6 +38,7 @@ from policypipe.dataset import layout
 from policypipe.dataset.fingerprint import fingerprint
 from policypipe.dataset.frame_shards import FrameShardReader
 from policypipe.h264 import x264_params
+from policypipe.lineage.hashing import sha256_file
 
 CODEBASE_VERSION = "v3.0"
 CHUNKS_SIZE = 1000
@@ -214,9 +215,11 @@ def _write_folder(
         "data_path": DATA_PATH,
         "video_path": VIDEO_PATH,
         "features": features,
-        # An extra key, which LeRobot does not read: where the export came from.
+        # An extra key, which LeRobot does not read: where the export came from, and the hash of
+        # the statistics a policy trained on it normalises by.
         "policypipe": {
             "dataset_fingerprint": digest,
+            "stats_sha256": sha256_file(partial / "meta/stats.json"),
             "filled_slots": int(sum(filled)),
             "sidecar": SIDECAR,
         },
