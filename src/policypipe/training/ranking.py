@@ -9,9 +9,9 @@ chunks of `rank_samples` validation windows, evenly spaced over them and the sam
 checkpoint, with noise from a fixed seed, and each component's mean error over the executed
 steps is divided by holding still's on the same windows (a scale the data fixes, so position in
 millimetres, rotation in degrees and width in millimetres weigh alike); the score is the mean of
-the three ratios (joint space: of the arm joints' and the grippers' errors,
-`evaluation.joint_space`). docs/training.md ("Checkpoints and resume") has the measurement behind
-the default.
+the three ratios (joint space: the two ratios of the arm joints' and the grippers' errors,
+`errors.joint_errors`). docs/training.md ("Checkpoints and resume") has the measurement behind the
+default.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def executed_means(
 ) -> dict[str, float]:
     """Each component's error, averaged over the samples, the executed steps and the grippers (10
     numbers each); for joint-space chunks (`gripper_dims` given: which of the D are grippers), over
-    the arm joints and over the grippers (`joint_space.joint_errors`)."""
+    the arm joints and over the grippers (`errors.joint_errors`)."""
     if gripper_dims is not None:
         errors = joint_errors(chunks, recorded, gripper_dims)
         return {c: float(e[:, :n_action_steps].mean()) for c, e in errors.items()}
