@@ -77,8 +77,9 @@ class WindowConfig:
         return (np.arange(self.n_obs_steps) - (self.n_obs_steps - 1)) / frequency_hz
 
     def command_offsets(self, frequency_hz: float) -> np.ndarray:
-        """(H,) seconds after the anchor of each step of a joint-space chunk (`dataset.joint_windows`): step
-        k is the command recorded at t + k / f, step 0 the one issued at the anchor itself."""
+        """(H,) seconds after the anchor of each step of a joint-space chunk
+        (`dataset.joint_windows`): step k is the command recorded at t + k / f, step 0 the one issued
+        at the anchor itself."""
         return np.arange(self.horizon) / frequency_hz
 
 
