@@ -31,6 +31,7 @@ from policypipe.dataset.windows import (
     WindowConfig,
     episode_bounds,
     episode_shift,
+    require_format,
 )
 
 
@@ -88,12 +89,7 @@ class JointSeries(FrameAxis):
 
     @classmethod
     def from_store(cls, root: zarr.Group) -> JointSeries:
-        version = root.attrs.get(layout.ATTRS_FORMAT)
-        if version != layout.FORMAT_VERSION:
-            raise ValueError(
-                f"dataset {root.store} has format version {version}, this code reads version "
-                f"{layout.FORMAT_VERSION}: rebuild it with `dvc repro convert`"
-            )
+        require_format(root)
         return cls(
             float(root.attrs[layout.ATTRS_FREQUENCY]),
             root[layout.TIMESTAMP][:],

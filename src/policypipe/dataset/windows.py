@@ -222,6 +222,17 @@ def episode_shift(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(stops - starts + EPISODE_GAP_S)[:-1]]) - starts
 
 
+def require_format(root: zarr.Group) -> None:
+    """Refuses a store of another format version than this code reads its windows from."""
+    version = root.attrs.get(layout.ATTRS_FORMAT)
+    if version != layout.FORMAT_VERSION:
+        raise ValueError(
+            f"dataset {root.store} has format version {version}, "
+            f"this code reads version {layout.FORMAT_VERSION} "
+            "(version 3 names the streams by gripper): rebuild it with `dvc repro convert`"
+        )
+
+
 class FrameAxis:
     """A dataset's rows on one time axis: each episode's own clock shifted so that the episodes
     follow each other in order, `EPISODE_GAP_S` apart, and what every window needs from it (the
@@ -347,13 +358,7 @@ class EpisodeStreams(FrameAxis):
 
     @classmethod
     def from_store(cls, root: zarr.Group) -> EpisodeStreams:
-        version = root.attrs.get(layout.ATTRS_FORMAT)
-        if version != layout.FORMAT_VERSION:
-            raise ValueError(
-                f"dataset {root.store} has format version {version}, "
-                f"this code reads version {layout.FORMAT_VERSION} "
-                "(version 3 names the streams by gripper): rebuild it with `dvc repro convert`"
-            )
+        require_format(root)
 
         def samples(i: int) -> GripperSamples:
             return GripperSamples(
