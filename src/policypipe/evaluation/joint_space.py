@@ -43,7 +43,7 @@ from policypipe.evaluation.evaluate import (
     over_sides,
     side_chunks,
 )
-from policypipe.evaluation.nearest_neighbour import block_scales, downsample, nearest
+from policypipe.evaluation.nearest_neighbour import block_scales, downsample, nearest, weighted_features
 from policypipe.evaluation.samples import Samples, collect_samples
 from policypipe.policy.diffusion import DiffusionPolicy
 
@@ -88,7 +88,7 @@ class JointNearestNeighbour:
         blocks = cls.blocks(w.obs_state, frames, config.nn_image_size)
         weights = {"state": config.nn_pose_weight, "pixels": config.nn_pixel_weight}
         scales = block_scales(blocks)
-        features = np.concatenate([weights[b] * blocks[b] / scales[b] for b in weights], axis=1)
+        features = weighted_features(blocks, scales, weights)
         offsets = w.action - w.obs_state[:, -1:]
         return cls(
             weights, config.nn_k, config.nn_image_size, scales, features, offsets, time.perf_counter() - t0
@@ -97,7 +97,7 @@ class JointNearestNeighbour:
     def chunks_for(self, obs_state: np.ndarray, current_frames: np.ndarray) -> tuple[np.ndarray, float]:
         t0 = time.perf_counter()
         blocks = self.blocks(obs_state, current_frames, self.image_size)
-        queries = np.concatenate([self.weights[b] * blocks[b] / self.scales[b] for b in self.weights], axis=1)
+        queries = weighted_features(blocks, self.scales, self.weights)
         picks = nearest(self.features, queries, self.k)
         chunks = obs_state[:, -1:] + self.offsets[picks].mean(axis=1)
         return chunks, time.perf_counter() - t0

@@ -87,8 +87,8 @@ def block_scales(train_blocks: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def weighted_features(
     blocks: dict[str, np.ndarray], scales: dict[str, np.ndarray], weights: dict[str, float]
 ) -> np.ndarray:
-    """(N, D) the blocks standardised, weighted and side by side."""
-    return np.concatenate([weights[b] * blocks[b] / scales[b] for b in BLOCKS], axis=1)
+    """(N, D) the blocks standardised, weighted and side by side, in the blocks' order."""
+    return np.concatenate([weights[b] * blocks[b] / scales[b] for b in blocks], axis=1)
 
 
 def nearest(train: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
