@@ -18,7 +18,7 @@ from policypipe.evaluation.joint_space import evaluate_joint_space
 from policypipe.evaluation.plots import write_eval_plots, write_joint_eval_plots
 from policypipe.lineage.hashing import sha256_file, sha256_path
 from policypipe.lineage.provenance import StageRun
-from policypipe.policy.export import load_policy, require_trained_with
+from policypipe.policy.export import is_privileged_control, load_policy, require_trained_with
 
 
 def main() -> None:
@@ -37,6 +37,22 @@ def main() -> None:
     config = load_config("eval", EvalConfig)
 
     started = time.monotonic()
+    if is_privileged_control(args.policy):
+        # Its samples would need the scene's state, which only the synthetic ground truth has: the
+        # control is measured where it means something, in closed loop.
+        reason = (
+            "the policy is the privileged control (train.privileged): it observes the synthetic scene's "
+            "state, not the camera; `dvc repro rollout` measures it in closed loop"
+        )
+        with StageRun("eval", params={"eval": asdict(config)}) as run:
+            for path in (args.metrics, args.per_step):
+                write_json_atomic(path, {"not_run": reason})
+            args.plots.mkdir(parents=True, exist_ok=True)
+        run.inputs[args.policy.as_posix()] = sha256_path(args.policy)
+        run.add_outputs([args.metrics, args.per_step])
+        run.write(args.provenance)
+        print(f"eval: not run: {reason}")
+        return
     with StageRun("eval", params={"eval": asdict(config)}) as run:
         try:
             policy = load_policy(args.policy)

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import zarr
@@ -23,6 +23,7 @@ from policypipe.lineage.provenance import StageRun
 from policypipe.live_metrics import TrainingLog
 from policypipe.policy.export import save_policy
 from policypipe.runtime.spec import spec_of_training
+from policypipe.synthetic.privileged import SCENE_STATE_DIM, privileged_training
 from policypipe.training.checkpoint import CheckpointError
 from policypipe.training.config import train_config_from_params
 from policypipe.training.loop import train
@@ -81,6 +82,14 @@ def main() -> None:
             f"the dataset's {list(image_size)}: set it to the dataset's (convert.image_size)"
         )
 
+    row_features = None
+    if config.privileged is not None:  # the control experiment: the scene's state in place of the camera
+        try:
+            stats, row_features = privileged_training(args.dataset, stats, **asdict(config.privileged))
+        except ValueError as exc:
+            fail(f"train.privileged: {exc}")
+        config = replace(config, model=replace(config.model, scene_state_dim=SCENE_STATE_DIM))
+
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         in_job.record_segment()  # where this segment of a Slurm job runs, for the provenance
@@ -99,6 +108,7 @@ def main() -> None:
                 run_dir=args.run_dir,
                 log_step=logger,
                 stop_requested=lambda: bool(stop),
+                row_features=row_features,
             )
         except CheckpointError as exc:
             fail(str(exc))

@@ -229,3 +229,40 @@ def test_each_cameras_image_statistics_reach_its_own_normalizer_past_ten_cameras
         n.mean[0].item() for n in policy.camera_image_normalizers
     ]
     assert means == pytest.approx([k / 100 for k in range(12)])
+
+
+def test_an_absolute_opening_is_commanded_whatever_the_current_one_and_a_relative_one_adds_to_it() -> None:
+    """The denoiser sure of one normalised chunk: with width_action absolute the commanded opening
+    (current + the returned change, as the runner composes it) is that chunk's, whatever the gripper
+    reads now; with relative it moves with the current opening, so an error in it is carried on."""
+    commanded = {}
+    for kind in ("relative", "absolute"):
+        torch.manual_seed(0)
+        policy = DiffusionPolicy(replace(TINY, prediction_type="sample", width_action=kind))
+        policy.fit_normalizers(fake_stats())
+        policy.denoiser = Oracle(policy, torch.zeros(3, 8, 10))  # the middle of every range
+        data = batch()
+        data["obs_width"][:, -1, 0] = torch.tensor([0.03, 0.05, 0.07])
+        change = policy.eval().predict_action(data, torch.Generator().manual_seed(2))[..., 9]
+        commanded[kind] = data["obs_width"][:, -1, :] + change
+    # fake_stats: openings 0.02-0.08 (middle 0.05); changes -0.2-0.2 (middle 0).
+    assert torch.allclose(commanded["absolute"], torch.full((3, 8), 0.05), atol=1e-6)
+    assert torch.allclose(
+        commanded["relative"], torch.tensor([0.03, 0.05, 0.07])[:, None].expand(3, 8), atol=1e-6
+    )
+
+
+def test_an_absolute_opening_trains_on_the_opening_itself() -> None:
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(replace(TINY, prediction_type="sample", width_action="absolute"))
+    policy.fit_normalizers(fake_stats())
+    data = batch()
+    data["action"][..., 9] *= 0.05  # openings within fake_stats' 0.02-0.08, where min/max clipping keeps them
+    absolute = data["action"].clone()
+    absolute[..., 9] += data["obs_width"][:, -1, :]
+    policy.denoiser = Oracle(policy, policy.normalize_actions(absolute))
+    assert policy.train().compute_loss(data, torch.Generator().manual_seed(1)).item() < 1e-8
+    predicted = policy.eval().predict_action(data, torch.Generator().manual_seed(2))
+    assert torch.allclose(predicted, data["action"], atol=2e-4)
+    with pytest.raises(ValueError, match="width_action must be one of"):
+        PolicyConfig(width_action="closed")

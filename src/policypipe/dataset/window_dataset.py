@@ -22,15 +22,32 @@ from policypipe.dataset.windows import WindowConfig
 
 
 class WindowDataset(Dataset):
-    def __init__(self, store: Path, episodes: list[int], window: WindowConfig) -> None:
+    """`row_features`: {batch key: (N, D) array, one row per dataset row}, each sample's rows of
+    its observation steps under that key (the privileged control's scene state); `images` False
+    leaves the frames out (for a policy that takes none)."""
+
+    def __init__(
+        self,
+        store: Path,
+        episodes: list[int],
+        window: WindowConfig,
+        row_features: dict[str, np.ndarray] | None = None,
+        images: bool = True,
+    ) -> None:
         if not episodes:
             raise ValueError("no episodes to sample from")
         self.store, self.window = Path(store), window
+        self.row_features = dict(row_features or {})
+        self.images = images
         root = zarr.open_group(self.store, mode="r")
         self.streams = open_series(root)
         # Cameras beyond camera 0: their frames at the same rows, and whether a row has one.
         self.cameras = [k for k in root.attrs[layout.ATTRS_CAMERAS] if k != 0]
         self.valid = {k: root[layout.camera_valid(k)][:] for k in self.cameras}
+        rows = root[layout.TIMESTAMP].shape[0]
+        for key, features in self.row_features.items():
+            if len(features) != rows:
+                raise ValueError(f"{key} has {len(features)} rows, the dataset {store} has {rows}")
         # (M,) frame index of each sample's anchor, and its episode.
         self.anchors, self.anchor_episodes = self.streams.anchors(episodes, window)
         if not len(self.anchors):
@@ -46,15 +63,18 @@ class WindowDataset(Dataset):
         return len(self.anchors)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        if self._frames is None:
-            self._frames = {k: FrameShardReader(self.store, layout.camera_rgb(k)) for k in [0, *self.cameras]}
         w = self.streams.windows(self.anchors[i : i + 1], self.window)
         rows = w.obs_frames[0]
         item = {
-            "obs_images": torch.from_numpy(self._frames[0].read_many(rows)),
             **{k: torch.from_numpy(v.astype(np.float32)) for k, v in w.observation_arrays(0).items()},
             "action": torch.from_numpy(w.action[0].astype(np.float32)),
+            **{k: torch.from_numpy(v[rows].astype(np.float32)) for k, v in self.row_features.items()},
         }
+        if not self.images:
+            return item
+        if self._frames is None:
+            self._frames = {k: FrameShardReader(self.store, layout.camera_rgb(k)) for k in [0, *self.cameras]}
+        item["obs_images"] = torch.from_numpy(self._frames[0].read_many(rows))
         for k in self.cameras:
             item[f"obs_images_camera{k}"] = torch.from_numpy(self._frames[k].read_many(rows))
             item[f"obs_valid_camera{k}"] = torch.from_numpy(self.valid[k][rows])

@@ -9,6 +9,7 @@ from policypipe.dataset.windows import ACTION_DIM, POSE_DIM
 PREDICTION_TYPES = ("epsilon", "sample", "v_prediction")
 NORMALIZATIONS = ("min_max", "mean_std")
 TIMESTEP_SPACINGS = ("trailing", "leading")
+WIDTH_ACTIONS = ("relative", "absolute")
 
 
 def unet_horizon_multiple(down_dims: tuple[int, ...]) -> int:
@@ -35,6 +36,10 @@ class PolicyConfig:
     grippers: int = 1
     cameras: int = 1
     joint_names: tuple[str, ...] = ()
+    # The privileged control (`synthetic.privileged`, docs/rollout.md): this many numbers of the
+    # synthetic scene's state per observation step in place of every camera's features (no image
+    # encoder). 0, every real policy: it sees through its cameras.
+    scene_state_dim: int = 0
     # One image encoder per camera (the default: each camera's view is its own), or one shared by all.
     shared_camera_encoder: bool = False
     # Image encoder: a ResNet-18-style CNN with GroupNorm, trained from scratch.
@@ -70,6 +75,13 @@ class PolicyConfig:
     # next step moves a few millimetres, the last one centimetres, and one shared range would
     # leave the executed near steps a small fraction of the denoiser's output scale.
     normalize_actions_per_step: bool = True
+    # What the denoiser predicts for each gripper's opening: its change from the current opening, as
+    # the dataset's actions hold it ("relative"), or the opening itself ("absolute", as UMI commands
+    # its gripper). Outside the policy the action stays the change either way (`predict_action` takes
+    # the current opening back off), so the runtime, eval and the baselines are the same; what
+    # differs is what an error does in closed loop: a relative one adds to the last, an absolute one
+    # does not (docs/rollout.md, "The privileged control").
+    width_action: str = "relative"
     # What the denoiser regresses: the noise ("epsilon", as in the Diffusion Policy paper), the
     # clean chunk ("sample") or the velocity ("v_prediction", which is well conditioned at every
     # noise level). docs/training.md, "Measured choices", compares epsilon and sample.
@@ -84,6 +96,11 @@ class PolicyConfig:
     def obs_pose_dim(self) -> int:
         """Each gripper's pose in its own frame and every other one's in it (`windows.observation_names`)."""
         return POSE_DIM * self.grippers**2
+
+    @property
+    def privileged(self) -> bool:
+        """Observes the synthetic scene's state instead of seeing it (a control, never a real policy)."""
+        return self.scene_state_dim > 0
 
     @property
     def obs_lowdim_dim(self) -> int:
@@ -105,6 +122,18 @@ class PolicyConfig:
             raise ValueError(f"a policy needs at least one gripper, got {self.grippers}")
         if self.cameras < 1:
             raise ValueError(f"a policy needs at least one camera, got {self.cameras}")
+        if self.width_action not in WIDTH_ACTIONS or (self.joint_space and self.width_action != "relative"):
+            raise ValueError(
+                f"width_action must be one of {WIDTH_ACTIONS} (a joint-space policy commands absolute "
+                f"joints: leave it at 'relative'), got {self.width_action!r}"
+            )
+        if self.scene_state_dim < 0 or (
+            self.privileged and (self.joint_space or self.grippers != 1 or self.cameras != 1)
+        ):
+            raise ValueError(
+                f"scene_state_dim {self.scene_state_dim}: the privileged control observes the one-gripper "
+                "sample scene's state (grippers 1, cameras 1, no joints), or 0 for a policy that sees"
+            )
         if not 1 <= self.n_action_steps <= self.horizon:
             raise ValueError(
                 f"n_action_steps must be in 1..horizon ({self.horizon}), got {self.n_action_steps}"

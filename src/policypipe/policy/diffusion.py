@@ -18,6 +18,9 @@ or, for a joint-space policy (`config.joint_names`, D joints; `dataset.joint`):
 and for each further camera k (`config.cameras`):
   obs_images_camera{k}  uint8 (B, O, H, W, 3)
   obs_valid_camera{k}   bool (B, O): a frame within convert.max_camera_offset_ms of the step
+and the privileged control (`config.scene_state_dim` S > 0, `synthetic.privileged`) takes, in place
+of the images:
+  obs_scene_state  float (B, O, S)     the block and the mark in the gripper's frame at each step
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch.nn.functional as F
 from diffusers import DDIMScheduler, DDPMScheduler
 from torch import nn
 
+from policypipe.dataset.windows import ACTION_DIM
 from policypipe.policy.config import PolicyConfig
 from policypipe.policy.encoder import ImageEncoder
 from policypipe.policy.normalizer import ImageNormalizer, LowDimNormalizer
@@ -48,7 +52,10 @@ class DiffusionPolicy(nn.Module):
         action_dim = config.action_dim
         action_dims = config.horizon * action_dim if config.normalize_actions_per_step else action_dim
         self.action_normalizer = LowDimNormalizer(action_dims, config.normalization)
-        self.encoder = ImageEncoder(config.encoder_widths, config.image_feature_dim, config.num_keypoints)
+        if config.privileged:  # the scene's state in place of the camera: nothing to encode
+            self.scene_state_normalizer = LowDimNormalizer(config.scene_state_dim, config.normalization)
+        else:
+            self.encoder = ImageEncoder(config.encoder_widths, config.image_feature_dim, config.num_keypoints)
         if config.cameras > 1:  # camera 0's modules keep their names: a one-camera policy is as before
             others = range(1, config.cameras)
             self.camera_image_normalizers = nn.ModuleList(ImageNormalizer() for _ in others)
@@ -62,7 +69,8 @@ class DiffusionPolicy(nn.Module):
             self.absent_camera = nn.Parameter(
                 0.02 * torch.randn(config.cameras - 1, config.image_feature_dim)
             )
-        cond_dim = config.n_obs_steps * (config.cameras * config.image_feature_dim + config.obs_lowdim_dim)
+        seen = config.scene_state_dim if config.privileged else config.cameras * config.image_feature_dim
+        cond_dim = config.n_obs_steps * (seen + config.obs_lowdim_dim)
         self.denoiser = ConditionalUnet1D(
             action_dim,
             cond_dim,
@@ -104,15 +112,25 @@ class DiffusionPolicy(nn.Module):
         else:
             self.pose_normalizer.fit(lowdim["obs.eef_pose_rel"])
             self.width_normalizer.fit(lowdim["obs.gripper_width"])
+        if self.config.privileged:
+            if "obs.scene_state" not in lowdim:
+                raise ValueError(
+                    "the statistics have no obs.scene_state entry: the privileged control's statistics "
+                    "come with its scene state (synthetic.privileged.scene_state_statistics)"
+                )
+            self.scene_state_normalizer.fit(lowdim["obs.scene_state"])
         if self.config.normalize_actions_per_step:
             if "action_per_step" not in stats["lowdim"]:
                 raise ValueError(
                     "the statistics have no per-step action entry (made by an older stats stage): "
                     "rerun `dvc repro stats`"
                 )
-            self.action_normalizer.fit(stats["lowdim"]["action_per_step"])
+            action_stats = stats["lowdim"]["action_per_step"]
         else:
-            self.action_normalizer.fit(stats["lowdim"]["action"])
+            action_stats = stats["lowdim"]["action"]
+        if self.config.width_action == "absolute":
+            action_stats = self._with_width_statistics(action_stats, lowdim["obs.gripper_width"])
+        self.action_normalizer.fit(action_stats)
         # By camera number: the statistics file's keys are sorted as text (camera10 before camera2).
         image_stats = [v for _, v in sorted(stats["image"].items(), key=lambda kv: _camera_number(kv[0]))]
         if len(image_stats) != self.config.cameras:
@@ -123,6 +141,31 @@ class DiffusionPolicy(nn.Module):
         self.image_normalizer.fit(image_stats[0])
         for normalizer, camera_stats in zip(getattr(self, "camera_image_normalizers", []), image_stats[1:]):
             normalizer.fit(camera_stats)
+
+    def _width_dims(self) -> list[int]:
+        """The action dimensions (of one step) that are grippers' openings."""
+        return [ACTION_DIM * g + ACTION_DIM - 1 for g in range(self.config.grippers)]
+
+    def _with_width_statistics(self, action: dict[str, Any], width: dict[str, Any]) -> dict[str, Any]:
+        """The action statistics with each opening's dimensions (every step's, when per step) those
+        of the observed opening: what an absolute opening ranges over."""
+        per_step = len(action["min"]) // ACTION_DIM // self.config.grippers
+        out = {key: list(values) for key, values in action.items() if key in ("min", "max", "mean", "std")}
+        for key in out:
+            for step in range(per_step):
+                for g, dim in enumerate(self._width_dims()):
+                    out[key][step * self.config.action_dim + dim] = width[key][g]
+        return out
+
+    def _width_shift(self, obs_width: torch.Tensor) -> torch.Tensor:
+        """(B, 1, 10 G): what makes a relative chunk absolute in the openings (zero elsewhere): the
+        current opening, the last observation step's (the windows' anchor)."""
+        shift = torch.zeros(
+            len(obs_width), 1, self.config.action_dim, dtype=obs_width.dtype, device=obs_width.device
+        )
+        if self.config.width_action == "absolute":
+            shift[:, 0, self._width_dims()] = obs_width[:, -1, :]
+        return shift
 
     def _crop(self, images: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """(N, 3, H, W): a random crop per image in training, the centre crop otherwise."""
@@ -139,11 +182,15 @@ class DiffusionPolicy(nn.Module):
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
     ) -> torch.Tensor:
         """(B, O * (C F + 9 G^2 + G)), or (B, O * (C F + D)) in joint space: every camera's image
-        features and the normalised low-dimensional state, per obs step."""
-        images = batch["obs_images"]
-        b, o = images.shape[:2]
-        pixels = self._crop(self.image_normalizer(images.flatten(0, 1)), generator)
-        features = [self.encoder(pixels).view(b, o, -1)]
+        features and the normalised low-dimensional state, per obs step; the privileged control's
+        (B, O * (S + 10)) has the scene's state in place of the features."""
+        if self.config.privileged:
+            features = [self.scene_state_normalizer.normalize(batch["obs_scene_state"])]
+        else:
+            images = batch["obs_images"]
+            b, o = images.shape[:2]
+            pixels = self._crop(self.image_normalizer(images.flatten(0, 1)), generator)
+            features = [self.encoder(pixels).view(b, o, -1)]
         for k in range(1, self.config.cameras):
             features.append(self._camera_features(k, batch, generator))
         if self.config.joint_space:
@@ -172,7 +219,10 @@ class DiffusionPolicy(nn.Module):
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
     ) -> torch.Tensor:
         cond = self.condition(batch, generator)
-        actions = self.normalize_actions(batch["action"])
+        actions = batch["action"]
+        if self.config.width_action == "absolute":
+            actions = actions + self._width_shift(batch["obs_width"])
+        actions = self.normalize_actions(actions)
         device = actions.device
         noise = torch.randn(actions.shape, generator=generator, device="cpu").to(device)
         steps = torch.randint(
@@ -199,8 +249,9 @@ class DiffusionPolicy(nn.Module):
     def predict_action(
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        """(B, horizon, 10 G) actions (joint space: (B, horizon, D) commands) in the dataset's units;
-        the first n_action_steps are executed."""
+        """(B, horizon, 10 G) actions (joint space: (B, horizon, D) commands) in the dataset's units
+        and representation (the openings as changes, whatever `width_action`); the first
+        n_action_steps are executed."""
         cond = self.condition(batch)
         b = cond.shape[0]
         sample = torch.randn(
@@ -211,7 +262,10 @@ class DiffusionPolicy(nn.Module):
         for t in scheduler.timesteps:
             eps = self.denoiser(sample, torch.full((b,), int(t), device=cond.device), cond)
             sample = scheduler.step(eps, t, sample).prev_sample
-        return self.unnormalize_actions(sample)
+        actions = self.unnormalize_actions(sample)
+        if self.config.width_action == "absolute":  # back to the dataset's: the change from the current
+            actions = actions - self._width_shift(batch["obs_width"])
+        return actions
 
     def normalize_actions(self, actions: torch.Tensor) -> torch.Tensor:
         """(B, T, 10 G) -> normalised, per horizon step and dimension or per dimension."""

@@ -61,9 +61,26 @@ def load_policy(folder: Path) -> DiffusionPolicy:
     return policy.eval()
 
 
+def is_privileged_control(folder: Path) -> bool:
+    """Whether the policy in `folder` is the privileged control (`PolicyConfig.scene_state_dim`), read
+    from its config alone; a folder without one is not (loading it says what is wrong)."""
+    try:
+        return bool(json.loads((Path(folder) / "config.json").read_text())["policy"].get("scene_state_dim"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
 # Fields a policy saved before they existed lacks, with the one value every such policy had: one
-# gripper and one camera, gripper poses (a fact of its format, not a default that may not describe it).
-FIELDS_ADDED_LATER = {"grippers": 1, "cameras": 1, "shared_camera_encoder": False, "joint_names": ()}
+# gripper and one camera, gripper poses, seen through the camera (a fact of its format, not a default
+# that may not describe it).
+FIELDS_ADDED_LATER = {
+    "grippers": 1,
+    "cameras": 1,
+    "shared_camera_encoder": False,
+    "joint_names": (),
+    "scene_state_dim": 0,
+    "width_action": "relative",
+}
 
 # How a trained policy samples, not what it learned: these may differ from training's values.
 SAMPLING_FIELDS = ("timestep_spacing", "num_inference_steps")

@@ -22,7 +22,7 @@ controller give the same episode, byte for byte.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -30,6 +30,7 @@ from scipy.spatial.transform import Rotation
 
 from policypipe.runtime.observation import CameraFrames, GripperState, Observation
 from policypipe.synthetic.motion import MotionPlan, plan_motion
+from policypipe.synthetic.privileged import scene_state
 from policypipe.synthetic.recording import StreamTiming, random_timing, sample_clock
 from policypipe.synthetic.render import render_fixed_view_bgr, render_view_bgr, table_texture
 from policypipe.synthetic.rig import SCENE_CAMERA_HZ, SCENE_CAMERA_JITTER_S, RigPlan
@@ -193,7 +194,19 @@ def run_rig_plan(
             times = ns[ns <= (covered if k == 0 else now)][-config.history_frames :]
             if len(times):
                 cameras[k] = CameraFrames(times, np.stack([frame(k, int(t)) for t in times]))
-        return Observation.checked(**Observation(cameras, seen).fields())
+        observation = Observation.checked(**Observation(cameras, seen).fields())
+        if grippers > 1:
+            return observation
+        # The privileged control's observation (`synthetic.privileged`): the scene at camera 0's frames.
+        states = trajectories[0].at(observation.frame_ns)
+        state = scene_state(
+            states[:, :3],
+            Rotation.from_quat(states[:, 3:7]).as_matrix(),
+            states[:, 8:11],
+            states[:, 11],
+            rig.plans[0].scene.place_xy,
+        )
+        return replace(observation, scene_state=state)
 
     # The episode starts with the streams' first frame: they ran LEAD_IN_NS with the grippers still
     # before t0, as a recording's first frames see them still.

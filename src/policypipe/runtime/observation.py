@@ -56,6 +56,9 @@ class Observation:
 
     cameras: dict[int, CameraFrames]
     grippers: dict[int, GripperState]
+    # (F, S) the synthetic scene's state at each of camera 0's frames, for the privileged control
+    # alone (`synthetic.privileged`): the rollout's simulator sets it; a robot has none to send.
+    scene_state: np.ndarray | None = None
 
     # Recording format 1's names: camera 0's and gripper 0's fields.
     frame_ns = number_zero("cameras", "frame_ns")

@@ -94,7 +94,7 @@ class FrameRunner:
                 f"the oldest frame sent is at t - {(t - camera.frame_ns[0]) / 1e6:.1f} ms: "
                 f"send the last {spec.n_obs_steps} camera frames at least"
             )
-        chosen = nearest_sample(camera.frame_ns, wanted) if len(camera.frame_ns) > 1 else [0] * len(wanted)
+        chosen = chosen_frames(camera.frame_ns, wanted)
         images = np.stack([self._training_frame(camera.frames[i]) for i in chosen])
         batch = {"obs_images": torch.from_numpy(images[None])}
         chosen_ns = camera.frame_ns[chosen]
@@ -114,11 +114,7 @@ class FrameRunner:
         frames = np.zeros((len(chosen_ns), height, width, 3), np.uint8)
         if camera is None:
             return frames, np.zeros(len(chosen_ns), bool)
-        nearest = (
-            nearest_sample(camera.frame_ns, chosen_ns)
-            if len(camera.frame_ns) > 1
-            else np.zeros(len(chosen_ns), int)
-        )
+        nearest = chosen_frames(camera.frame_ns, chosen_ns)
         offset = np.abs(camera.frame_ns[nearest] - chosen_ns)
         valid = offset <= round(self.spec.max_camera_offset_ms * 1e6)  # convert's comparison
         for j in np.flatnonzero(valid):
@@ -201,11 +197,26 @@ class PolicyRunner(FrameRunner):
         )
         batch["obs_pose"] = torch.from_numpy(obs_pose).float()  # (1, O, 9 G^2)
         batch["obs_width"] = torch.from_numpy(obs_width).float()  # (1, O, G)
+        if self.policy.config.privileged:
+            batch["obs_scene_state"] = self._scene_state(observation, wanted)
         anchors = {
             i: GripperAnchor(pos[-1], rot[-1], float(width[-1]))
             for i, (pos, rot, width) in zip(spec.grippers, sampled)
         }
         return batch, t, anchors
+
+    def _scene_state(self, observation: Observation, wanted: np.ndarray) -> torch.Tensor:
+        """(1, O, S) the privileged control's scene state at the frames the steps take, as training
+        took each step's row."""
+        state, frame_ns = observation.scene_state, observation.frame_ns
+        dim = self.policy.config.scene_state_dim
+        if state is None or np.shape(state) != (len(frame_ns), dim):
+            raise ObservationError(
+                f"this policy is the privileged control: it observes the synthetic scene's state ({dim} "
+                "numbers at each of camera 0's frames), which only the rollout's simulator has, not camera "
+                "frames alone"
+            )
+        return torch.from_numpy(np.asarray(state)[chosen_frames(frame_ns, wanted)][None]).float()
 
     def _require_what_the_policy_takes(self, observation: Observation) -> None:
         """Every gripper the policy drives, and no gripper or camera it does not know."""
@@ -265,3 +276,8 @@ class PolicyRunner(FrameRunner):
             past=past,
             relative=relative,
         )
+
+
+def chosen_frames(frame_ns: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """(O,) the index of the frame nearest each observation time, as training picked its rows."""
+    return nearest_sample(frame_ns, wanted) if len(frame_ns) > 1 else np.zeros(len(wanted), int)

@@ -9,7 +9,6 @@ per-recording seeds independent of scheduling).
 
 from __future__ import annotations
 
-import calendar
 import json
 import logging
 import math
@@ -24,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from policypipe.processes import process_pool
-from policypipe.synthetic.motion import plan_motion
+from policypipe.synthetic.ground_truth import RecordingDraws
 from policypipe.synthetic.recording import (
     STUDIO_VERSION,
     SimulatedRecording,
@@ -44,10 +43,7 @@ from policypipe.synthetic.rig import (
 
 log = logging.getLogger(__name__)
 
-# The first recording of seed 0 starts here; other seeds start on other days.
-BASE_TIME_UTC = (2026, 11, 3, 9, 0, 0)
 RECORDINGS_PER_SESSION = 8
-RECORDING_SPACING_S = 150  # one demonstration every two and a half minutes
 
 # Defect name -> what it is. The names are a contract with the pair stage's tests.
 DEFECT_NAMES = (
@@ -160,11 +156,6 @@ class _JobResult:
     frames: int
 
 
-def _base_ns(seed: int) -> int:
-    # A fixed date per seed, never the wall clock: seed 0 starts 2026-11-03 09:00 UTC.
-    return (calendar.timegm((*BASE_TIME_UTC, 0, 0, 0)) + (seed % 1000) * 86_400) * 1_000_000_000
-
-
 def _iso(t_ns: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_ns // 1_000_000_000))
 
@@ -209,31 +200,22 @@ def _run_job(tmp_root: str, job: _Job) -> _JobResult:
 
     cv2.setNumThreads(1)  # processes give the parallelism (also when called without a pool)
     cfg = job.config
-    # A fifth child for the recovery draws: the first four, and so the scenes, timings and
-    # everything else of a recording, are the same with or without recovery demonstrations.
-    plan_seq, timing_seq, sim_seq, status_seq, recovery_seq = np.random.SeedSequence(
-        [cfg.seed, job.index]
-    ).spawn(5)
-    plan_rng, recovery_rng = np.random.default_rng(plan_seq), np.random.default_rng(recovery_seq)
-    start_ns = (
-        _base_ns(cfg.seed)
-        + job.index * RECORDING_SPACING_S * 1_000_000_000
-        + int(plan_rng.integers(0, 60_000)) * 1_000_000
-    )
+    draws = RecordingDraws.of(cfg.seed, job.index)
     image_size = (cfg.image_width, cfg.image_height)
     rec: SimulatedRecording | RigRecording
     if cfg.rig:
-        rec = _simulate_rig(cfg, job.index, start_ns, plan_rng, np.random.default_rng(timing_seq), sim_seq)
+        rec = _simulate_rig(
+            cfg, job.index, draws.start_ns, draws.plan, np.random.default_rng(draws.timing), draws.sim
+        )
         duration_s = (rec.rig.end_ns - rec.rig.start_ns) / 1e9
     else:
-        strays = cfg.recovery > 0.0 and recovery_rng.random() < cfg.recovery
-        plan = plan_motion(plan_rng, start_ns, recovery_rng=recovery_rng if strays else None)
-        timing = random_timing(np.random.default_rng(timing_seq))
+        plan = draws.single_plan(cfg.recovery)
+        timing = random_timing(np.random.default_rng(draws.timing))
         rec = simulate_recording(
-            plan, timing, np.random.default_rng(sim_seq), camera=cfg.camera, image_size=image_size
+            plan, timing, np.random.default_rng(draws.sim), camera=cfg.camera, image_size=image_size
         )
         duration_s = plan.duration_s
-    status_rng = np.random.default_rng(status_seq)
+    status_rng = np.random.default_rng(draws.status)
 
     folder = Path(tmp_root) / job.folder
     folder.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,17 @@ RANK_BY = ("executed_error", "val_loss")
 
 
 @dataclass(frozen=True)
+class PrivilegedExport:
+    """`train.privileged`: the sample export whose ground truth the privileged control observes in
+    place of the camera (`synthetic.privileged`; docs/rollout.md, "The privileged control"): the
+    settings `policypipe sample` wrote data/raw with. A control experiment, never a real policy."""
+
+    seed: int = 0
+    recordings: int = 96
+    recovery: float = 0.0
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """`train` section of params.yaml (model sizes in `train.model`)."""
 
@@ -63,6 +74,8 @@ class TrainConfig:
     # batch per optimizer step is kept), down to this many samples per device.
     min_device_batch: int = 2
     model: PolicyConfig = field(default_factory=PolicyConfig)
+    # null: the policy sees through its cameras. A mapping: the privileged control (PrivilegedExport).
+    privileged: PrivilegedExport | None = None
 
     def __post_init__(self) -> None:
         # Each value checked alone first, naming its range, so a bad one is reported as itself
@@ -176,6 +189,11 @@ def train_config_from_params(
         raise ConfigError(
             f"params.yaml [train.model]: {', '.join(f'train.model.{k}' for k in overridden)} is set in "
             "the shared [policy] section (stats and eval read it too): remove it from train.model"
+        )
+    if "scene_state_dim" in model:
+        raise ConfigError(
+            "params.yaml [train.model]: train.model.scene_state_dim is set by train.privileged (the "
+            "privileged control's observation): remove it"
         )
     from_dataset = sorted(set(model) & {"grippers", "cameras", "joint_names"})
     if from_dataset:

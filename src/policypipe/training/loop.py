@@ -116,6 +116,7 @@ def train(
     log_step: Callable[[dict[str, float]], None] | None = None,
     stop_after: int | None = None,
     stop_requested: Callable[[], bool] | None = None,
+    row_features: dict[str, np.ndarray] | None = None,
 ) -> TrainResult:
     """Trains to `config.steps`, resuming `run_dir` when it holds an unfinished run of this setup.
 
@@ -123,7 +124,8 @@ def train(
     (the smoke check uses it); so does `stop_requested()` turning true on any process (Slurm's
     warning signal), at the next step boundary, every process at the same one, and the result
     says `interrupted`. CPU work runs on `config.cpu_threads` threads; the caller's setting is
-    restored on return.
+    restored on return. `row_features` adds per-row observations to every sample (`WindowDataset`):
+    the privileged control's scene state, which `stats` must then describe (`obs.scene_state`).
     """
     require_same_window(stats, asdict(config.window), "train.model (the [policy] section)")
     config = replace(config, model=model_for_dataset(config.model, stats))
@@ -142,6 +144,7 @@ def train(
                     log_step=log_step,
                     stop_after=stop_after,
                     stop_requested=stop_requested,
+                    row_features=row_features,
                 )
                 break
             except EarlyOutOfMemory as exc:
@@ -190,6 +193,7 @@ def _train_once(
     log_step: Callable[[dict[str, float]], None] | None = None,
     stop_after: int | None = None,
     stop_requested: Callable[[], bool] | None = None,
+    row_features: dict[str, np.ndarray] | None = None,
 ) -> TrainResult:
     from accelerate import Accelerator
     from accelerate.utils import gather_object
@@ -229,8 +233,9 @@ def _train_once(
         optimizer, lambda s: lr_factor(s, config.warmup_steps, config.steps)
     )
 
-    train_set = WindowDataset(store, stats["split"]["train"], window)
-    val_set = WindowDataset(store, stats["split"]["val"], window)
+    images = not config.model.privileged
+    train_set = WindowDataset(store, stats["split"]["train"], window, row_features, images)
+    val_set = WindowDataset(store, stats["split"]["val"], window, row_features, images)
 
     start_step, resumed_from, history = 0, None, TrainHistory()
     if state is not None:

@@ -1,0 +1,130 @@
+"""The privileged control's scene state: from a sample export's ground truth in training, from the
+simulator in a rollout, the same numbers for the same moment, and refused where it does not exist."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from scipy.spatial.transform import Rotation
+
+from policypipe.dataset import layout
+from policypipe.policy.export import load_policy, save_policy
+from policypipe.rollout.episode import RolloutConfig, rollout_scene, run_episode
+from policypipe.runtime.observation import ObservationError
+from policypipe.runtime.runner import PolicyRunner
+from policypipe.runtime.spec import spec_of_training
+from policypipe.synthetic.ground_truth import recording_plan
+from policypipe.synthetic.privileged import (
+    SCENE_STATE_DIM,
+    dataset_scene_state,
+    privileged_training,
+    scene_state,
+)
+from policypipe.training.loop import train
+from tests.runtime.test_runner import POLICY, Pipeline
+from tests.training.conftest import CONFIG
+
+# The runtime fixture's export: three recordings of seed 5.
+EXPORT = {"seed": 5, "recordings": 3, "recovery": 0.0}
+
+
+def test_the_block_under_a_gripper_pointing_down_is_ahead_along_its_approach() -> None:
+    down = Rotation.from_rotvec([math.pi, 0.0, 0.0]).as_matrix()[None]  # tool z down, tool x = world x
+    state = scene_state(
+        np.array([[0.1, 0.2, 0.15]]),
+        down,
+        np.array([[0.1, 0.2, 0.02]]),
+        np.array([0.0]),
+        np.array([0.4, 0.2]),
+    )[0]
+    np.testing.assert_allclose(state[:3], [0.0, 0.0, 0.13], atol=1e-12)  # 13 cm down the approach axis
+    np.testing.assert_allclose(state[3:5], [1.0, 0.0], atol=1e-12)  # long side along tool x
+    np.testing.assert_allclose(state[5:], [0.3, 0.0, 0.15], atol=1e-12)  # the mark 30 cm ahead, on the table
+    # A block turned by half a turn looks the same; a quarter turn does not.
+    turned = scene_state(
+        np.zeros((2, 3)),
+        np.repeat(down, 2, 0),
+        np.zeros((2, 3)),
+        np.array([math.pi, math.pi / 2]),
+        np.zeros(2),
+    )
+    np.testing.assert_allclose(turned[:, 3:5], [[1.0, 0.0], [-1.0, 0.0]], atol=1e-12)
+
+
+def test_the_dataset_state_is_the_ground_truth_and_the_held_block_stays_between_the_fingers(
+    pipeline: Pipeline,
+) -> None:
+    features = dataset_scene_state(pipeline.store, **EXPORT)
+    root = zarr.open_group(pipeline.store, mode="r")
+    assert features.shape == (root[layout.TIMESTAMP].shape[0], SCENE_STATE_DIM)
+    record = root.attrs[layout.ATTRS_EPISODES][0]
+    plan = recording_plan(record["stem"], **EXPORT)
+    rows = slice(0, int(root[layout.EPISODE_ENDS][0]))
+    t_ns = record["start_ns"] + np.round(root[layout.TIMESTAMP][rows] * 1e9).astype(np.int64)
+    held = (t_ns >= plan.events_ns["grasp"]) & (t_ns < plan.events_ns["release"])
+    assert held.sum() > 10 and (~held).sum() > 10
+    # Held, the block moves with the fingers: across them it is centred, and it stays put in the tool frame.
+    block = features[rows][held, :3]
+    assert np.abs(block[:, 1]).max() < 0.005
+    assert np.ptp(block, axis=0).max() < 0.005
+    # Before the grasp it lies on the table where the scene put it: its world position, seen back.
+    before = np.flatnonzero(~held)[0]
+    r = Rotation.from_rotvec(root[layout.EEF_ROT][before].astype(np.float64)).as_matrix()
+    world = root[layout.EEF_POS][before].astype(np.float64) + r @ features[before, :3]
+    np.testing.assert_allclose(world[:2], plan.scene.target_xy, atol=1e-5)
+
+
+def test_a_dataset_of_another_export_is_refused_naming_the_episode(pipeline: Pipeline) -> None:
+    with pytest.raises(ValueError, match=r"episode session_01/rec_0001 is not recording rec_0001 .* seed 6"):
+        dataset_scene_state(pipeline.store, **(EXPORT | {"seed": 6}))
+    with pytest.raises(ValueError, match=r"rec_0003.*not a good recording of a sample export of 2"):
+        dataset_scene_state(pipeline.store, **(EXPORT | {"recordings": 2}))
+
+
+def test_the_control_trains_without_an_image_encoder_and_runs_only_with_the_scene_state(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
+    stats, features = privileged_training(pipeline.store, pipeline.stats, **EXPORT)
+    config = dataclasses.replace(
+        CONFIG,
+        model=dataclasses.replace(POLICY, scene_state_dim=SCENE_STATE_DIM),
+        steps=8,
+        checkpoint_every=4,
+    )
+    result = train(
+        store=pipeline.store, stats=stats, stats_sha256="s" * 64, config=config, run_dir=tmp_path / "run",
+        row_features=features,
+    )  # fmt: skip
+    assert result.steps == 8 and math.isfinite(result.last_train_loss)
+    assert not hasattr(result.policy, "encoder")
+    spec = spec_of_training(dict(zarr.open_group(pipeline.store, mode="r").attrs), stats, "s" * 64)
+    save_policy(tmp_path / "policy", result.policy, {}, spec.to_json())
+    loaded = load_policy(tmp_path / "policy")
+    assert loaded.config.scene_state_dim == SCENE_STATE_DIM
+    for key, value in result.policy.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+
+    runner = PolicyRunner.load(tmp_path / "policy")
+    # Through the rollout's harness, which hands it the simulator's state at each frame.
+    outcome = run_episode(runner, 7, RolloutConfig(time_limit_s=1.0, frequency_hz=spec.frequency_hz)).outcome
+    assert outcome in ("never_closed_on_block", "closed_on_nothing", "timed_out", "dropped")
+    # What a robot has, camera frames without the scene's state, is refused in words.
+    plan = rollout_scene(7)
+    observation = _still_observation(plan)
+    with pytest.raises(ObservationError, match="privileged control"):
+        runner.act(observation)
+
+
+def _still_observation(plan):
+    from policypipe.runtime.observation import Observation
+
+    times = plan.start_ns + np.arange(4) * 33_000_000
+    position, quaternion = plan.pose_at(times)
+    frames = np.zeros((4, 24, 32, 3), np.uint8)
+    return Observation.checked(times, frames, times, position, quaternion, times, plan.width_at(times))
