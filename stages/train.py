@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import zarr
@@ -23,7 +23,7 @@ from policypipe.lineage.provenance import StageRun
 from policypipe.live_metrics import TrainingLog
 from policypipe.policy.export import save_policy
 from policypipe.runtime.spec import spec_of_training
-from policypipe.synthetic.privileged import SCENE_STATE_DIM, privileged_training
+from policypipe.synthetic.privileged import privileged_training
 from policypipe.training.checkpoint import CheckpointError
 from policypipe.training.config import train_config_from_params
 from policypipe.training.loop import train
@@ -85,10 +85,9 @@ def main() -> None:
     row_features = None
     if config.privileged is not None:  # the control experiment: the scene's state in place of the camera
         try:
-            stats, row_features = privileged_training(args.dataset, stats, **asdict(config.privileged))
+            config, stats, row_features = privileged_training(args.dataset, stats, config)
         except ValueError as exc:
             fail(f"train.privileged: {exc}")
-        config = replace(config, model=replace(config.model, scene_state_dim=SCENE_STATE_DIM))
 
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:

@@ -7,7 +7,8 @@ summarises them with confidence intervals that include seed-to-seed variation.
     policypipe compare runs/minmax/seed*/policy
 
 Overrides use params.yaml's keys (`--set section.key=value`, the value read as YAML), the way
-`dvc exp run -S` does; the rest comes from params.yaml. Seed s sets `train.seed`.
+`dvc exp run -S` does; the rest comes from params.yaml. Seed s sets `train.seed`. The privileged
+control (docs/rollout.md): `--set 'train.privileged={seed: 0, recordings: 96, recovery: 0.0}'`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from policypipe.config import read_section, require_same_window
 from policypipe.lineage.hashing import sha256_file
 from policypipe.policy.export import save_policy
 from policypipe.runtime.spec import spec_of_training
-from policypipe.synthetic.privileged import SCENE_STATE_DIM, privileged_training
+from policypipe.synthetic.privileged import privileged_training
 from policypipe.training.config import train_config_from_params
 from policypipe.training.loop import train
 
@@ -57,19 +58,6 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--dataset", type=Path, default=REPO / "data/dataset.zarr")
     parser.add_argument("--stats", type=Path, default=REPO / "data/stats/stats.json")
-    parser.add_argument(
-        "--privileged",
-        action="store_true",
-        help="train the privileged control: the scene's state from the sample export's ground truth "
-        "in place of the camera (docs/rollout.md, 'The privileged control')",
-    )
-    parser.add_argument("--export-seed", type=int, default=0, help="with --privileged: the export's --seed")
-    parser.add_argument(
-        "--export-recordings", type=int, default=96, help="with --privileged: its --recordings"
-    )
-    parser.add_argument(
-        "--export-recovery", type=float, default=0.0, help="with --privileged: its --recovery"
-    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
@@ -80,15 +68,8 @@ def main() -> None:
     stats = json.loads(args.stats.read_text())
     require_same_window(stats, asdict(config.window), "the overridden [policy] section")
     row_features = None
-    if args.privileged:
-        stats, row_features = privileged_training(
-            args.dataset,
-            stats,
-            seed=args.export_seed,
-            recordings=args.export_recordings,
-            recovery=args.export_recovery,
-        )
-        config = replace(config, model=replace(config.model, scene_state_dim=SCENE_STATE_DIM))
+    if config.privileged is not None:  # the privileged control, as the train stage trains it
+        config, stats, row_features = privileged_training(args.dataset, stats, config)
     # What a runner needs besides the weights, as the train stage writes it (for rollouts).
     spec = spec_of_training(
         dict(zarr.open_group(args.dataset, mode="r").attrs), stats, sha256_file(args.stats)
@@ -113,7 +94,6 @@ def main() -> None:
                 "stats_sha256": sha256_file(args.stats),
                 "steps": result.steps,
                 "overrides": args.overrides,
-                "privileged": args.privileged,
             },
             spec.to_json(),
         )

@@ -16,6 +16,7 @@ from scipy.spatial.transform import Rotation
 from policypipe.dataset import layout
 from policypipe.policy.export import load_policy, save_policy
 from policypipe.rollout.episode import RolloutConfig, rollout_scene, run_episode
+from policypipe.rollout.references import DemonstrationReplay
 from policypipe.runtime.observation import ObservationError
 from policypipe.runtime.runner import PolicyRunner
 from policypipe.runtime.spec import spec_of_training
@@ -26,6 +27,7 @@ from policypipe.synthetic.privileged import (
     privileged_training,
     scene_state,
 )
+from policypipe.training.config import PrivilegedExport
 from policypipe.training.loop import train
 from tests.runtime.test_runner import POLICY, Pipeline
 from tests.training.conftest import CONFIG
@@ -90,13 +92,11 @@ def test_a_dataset_of_another_export_is_refused_naming_the_episode(pipeline: Pip
 def test_the_control_trains_without_an_image_encoder_and_runs_only_with_the_scene_state(
     pipeline: Pipeline, tmp_path: Path
 ) -> None:
-    stats, features = privileged_training(pipeline.store, pipeline.stats, **EXPORT)
     config = dataclasses.replace(
-        CONFIG,
-        model=dataclasses.replace(POLICY, scene_state_dim=SCENE_STATE_DIM),
-        steps=8,
-        checkpoint_every=4,
+        CONFIG, model=POLICY, steps=8, checkpoint_every=4, privileged=PrivilegedExport(**EXPORT)
     )
+    config, stats, features = privileged_training(pipeline.store, pipeline.stats, config)
+    assert config.model.scene_state_dim == SCENE_STATE_DIM
     result = train(
         store=pipeline.store, stats=stats, stats_sha256="s" * 64, config=config, run_dir=tmp_path / "run",
         row_features=features,
@@ -128,3 +128,31 @@ def _still_observation(plan):
     position, quaternion = plan.pose_at(times)
     frames = np.zeros((4, 24, 32, 3), np.uint8)
     return Observation.checked(times, frames, times, position, quaternion, times, plan.width_at(times))
+
+
+def test_the_rollout_hands_the_runner_the_state_training_computes_for_the_same_moment() -> None:
+    """The scene's demonstration drives; at every request the harness's scene state at each frame is
+    what training computes from the ground truth at that frame's time (the block on the table, then
+    in the fingers, then on the mark), seen from the gripper's pose there."""
+    plan = rollout_scene(3)
+    seen = []
+
+    class Watching(DemonstrationReplay):
+        def act(self, observation, now_ns=None, episode_start_ns=None):
+            seen.append(observation)
+            return super().act(observation, now_ns, episode_start_ns)
+
+    assert run_episode(Watching(plan, 30.0), 3, RolloutConfig()).outcome == "success"
+    for observation in seen[1::4]:  # from the second: the first frames are the lead-in's, held still
+        after = observation.frame_ns >= plan.start_ns
+        t = observation.frame_ns[after]
+        position, quaternion = plan.pose_at(t)
+        centre, yaw = plan.target_at(t)
+        expected = scene_state(
+            position, Rotation.from_quat(quaternion).as_matrix(), centre, yaw, plan.scene.place_xy
+        )
+        # The simulator steps between the demonstration's 30 Hz targets, the plan is continuous; a held
+        # block stays where the fingers closed on it in the simulator, the plan's is carried at the
+        # TCP itself (3.4 mm apart here): the same to within a few millimetres.
+        np.testing.assert_allclose(observation.scene_state[after], expected, atol=4e-3)
+    assert len(seen) > 20

@@ -196,3 +196,15 @@ def test_training_refuses_statistics_made_for_another_policy_section_whoever_cal
             run_dir=tmp_path / "run",
         )
     assert not (tmp_path / "run").exists()
+
+
+def test_the_privileged_control_is_named_by_its_export_and_its_observation_is_not_a_model_size() -> None:
+    from policypipe.training.config import PrivilegedExport, train_config_from_params
+
+    config = train_config_from_params(TRAIN | {"privileged": {"seed": 3, "recordings": 4}}, POLICY)
+    assert config.privileged == PrivilegedExport(seed=3, recordings=4, recovery=0.0)
+    assert train_config_from_params(TRAIN, POLICY).privileged is None
+    with pytest.raises(ConfigError, match="train.model.scene_state_dim is set by train.privileged"):
+        train_config_from_params(TRAIN | {"model": TRAIN["model"] | {"scene_state_dim": 8}}, POLICY)
+    with pytest.raises(ConfigError, match="train.privileged.seed: expected an integer"):
+        train_config_from_params(TRAIN | {"privileged": {"seed": "zero"}}, POLICY)

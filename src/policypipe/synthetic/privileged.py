@@ -15,8 +15,9 @@ The state at one moment, in the gripper's (tool) frame at that moment, SCENE_STA
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
@@ -24,6 +25,9 @@ from scipy.spatial.transform import Rotation
 
 from policypipe.dataset import layout
 from policypipe.synthetic.ground_truth import recording_plan
+
+if TYPE_CHECKING:
+    from policypipe.training.config import TrainConfig
 
 SCENE_STATE_NAMES = (
     "block_x",
@@ -112,13 +116,19 @@ def scene_state_statistics(features: np.ndarray, store: Path, episodes: list[int
 
 
 def privileged_training(
-    store: Path, stats: dict[str, Any], *, seed: int, recordings: int, recovery: float
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """What `training.loop.train` needs for the privileged control on `store`, a dataset of the
-    sample export `dataset_scene_state` names by its settings: the statistics with
-    the scene state's entry (over the training side) and the per-row scene state
-    (`train(row_features=...)`). The policy's `scene_state_dim` is SCENE_STATE_DIM."""
-    features = dataset_scene_state(store, seed=seed, recordings=recordings, recovery=recovery)
+    store: Path, stats: dict[str, Any], config: TrainConfig
+) -> tuple[TrainConfig, dict[str, Any], dict[str, np.ndarray]]:
+    """What `training.loop.train` needs for the privileged control of `config.privileged` (the sample
+    export `store` was converted from, by its settings): the config with the policy's
+    `scene_state_dim`, the statistics with the scene state's entry (over the training side), and the
+    per-row scene state (`train(row_features=...)`)."""
+    export = config.privileged
+    if export is None:
+        raise ValueError("train.privileged is null: the policy sees through its cameras")
+    features = dataset_scene_state(
+        store, seed=export.seed, recordings=export.recordings, recovery=export.recovery
+    )
     entry = scene_state_statistics(features, store, stats["split"]["train"])
     stats = {**stats, "lowdim": {**stats["lowdim"], "obs.scene_state": entry}}
-    return stats, {"obs_scene_state": features}
+    config = replace(config, model=replace(config.model, scene_state_dim=SCENE_STATE_DIM))
+    return config, stats, {"obs_scene_state": features}
