@@ -38,6 +38,30 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _corrections(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from policypipe.rollout.corrections import CorrectionConfig, write_corrections
+
+    config = CorrectionConfig(
+        round=args.round,
+        episodes=args.episodes,
+        first_scene=args.first_scene,
+        takeover_every_s=args.takeover_every,
+        seed=args.seed,
+        task=args.task,
+    )
+    t0 = time.monotonic()
+    folder, scenes = write_corrections(args.policy, args.export, config, workers=args.workers or None)
+    outcomes = Counter(s.policy_outcome for s in scenes)
+    print(
+        f"wrote {sum(len(s.stems) for s in scenes)} correction recordings to {folder} from "
+        f"{len(scenes)} policy episodes ({', '.join(f'{o} {n}' for o, n in sorted(outcomes.items()))}) "
+        f"in {time.monotonic() - t0:.1f} s; `dvc add {args.export}` and `dvc repro` train on them"
+    )
+    return 0
+
+
 def _export_lerobot(args: argparse.Namespace) -> int:
     from policypipe.interop.lerobot import LeRobotExportConfig, export_lerobot
 
@@ -437,6 +461,32 @@ def build_parser() -> argparse.ArgumentParser:
         "absent from the second recording",
     )
     p.set_defaults(func=_sample)
+
+    p = sub.add_parser(
+        "corrections",
+        help="write a round of corrections: the demonstrator taking over from the policy's own states",
+        description='DAgger on the sample\'s simulator (docs/rollout.md, "Corrections"): the policy drives '
+        "in new scenes, and every few seconds the scripted demonstrator takes over from where it got "
+        "and finishes the task. Each takeover is written as a recording (S.mcap, S_vio.mcap, S_vio.json) "
+        "in EXPORT/corrections_round_NN, which pair and convert take as any other recording.",
+    )
+    p.add_argument("policy", type=Path, metavar="POLICY", help="the exported policy (data/policy)")
+    p.add_argument("export", type=Path, metavar="EXPORT", help="the export folder (data/raw)")
+    p.add_argument("--round", type=int, required=True, help="the round's number: 1, 2, ...")
+    p.add_argument("--episodes", type=int, default=50, help="scenes the policy drives in (default: 50)")
+    p.add_argument("--first-scene", type=int, default=0, help="the round's first scene (default: 0)")
+    p.add_argument(
+        "--takeover-every",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="the demonstrator takes over at this many seconds of the policy's episode, twice that, ... "
+        "(default: 2.0)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="the policy's sampling noise (default: 0)")
+    p.add_argument("--task", default="pick_place", help="task name written to the status files")
+    p.add_argument("--workers", type=int, default=0, help="processes (default 0: all cores)")
+    p.set_defaults(func=_corrections)
 
     p = sub.add_parser(
         "pair",

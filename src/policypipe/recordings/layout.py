@@ -28,6 +28,9 @@ STATUS_FIELDS: dict[str, tuple[type, ...]] = {
     "started_at": (str, type(None)),
     "finished_at": (str, type(None)),
     "studio_version": (str, type(None)),
+    # Not the studio's: `policypipe corrections` writes it (rollout/corrections.py), naming the round,
+    # the policy that drove and the takeover, so that the manifest's lineage carries them.
+    "correction": (dict,),
 }
 # A real status file is a few hundred bytes; anything past this is not one, and is not read.
 MAX_STATUS_BYTES = 1_000_000

@@ -22,6 +22,7 @@ controller give the same episode, byte for byte.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -150,10 +151,12 @@ def run_rig_plan(
     config: RolloutConfig,
     scene_camera: bool,
     keep_frames: bool = False,
+    on_step: Callable[[int, list[Simulator]], None] | None = None,
 ) -> EpisodeResult:
     """One episode of `rig`'s grippers, each with its own block (one gripper: the single task).
     Camera i is gripper i's wrist camera; with `scene_camera`, camera N is the rig's scene camera,
-    whose frames the result's are (camera 0's without one)."""
+    whose frames the result's are (camera 0's without one). `on_step(t_ns, simulators)` is called
+    after every executed step (`corrections` takes over from the states it sees)."""
     grippers = len(rig.plans)
     texture = table_texture(rig.table, tuple((p.scene.place_xy, p.scene.place_yaw) for p in rig.plans))
     t0 = rig.start_ns
@@ -227,6 +230,8 @@ def run_rig_plan(
                     trajectories[i].add(
                         sim.step(now, targets.position[k], targets.quaternion[k], float(targets.width[k]))
                     )
+            if on_step is not None:
+                on_step(now, sims)
             if all(sim.done() for sim in sims) or now >= end_ns:
                 break
     outcomes = tuple(sim.outcome() for sim in sims)

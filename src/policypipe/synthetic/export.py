@@ -160,7 +160,9 @@ def _iso(t_ns: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_ns // 1_000_000_000))
 
 
-def _status_json(stem: str, task: str, frames: int, end_ns: int, rng: np.random.Generator, **changes) -> dict:
+def studio_status(
+    stem: str, task: str, frames: int, end_ns: int, rng: np.random.Generator, **changes
+) -> dict:
     started = end_ns + int(rng.uniform(20, 90) * 1e9)
     finished = started + int(rng.uniform(40, 120) * 1e9)
     status = {
@@ -222,7 +224,7 @@ def _run_job(tmp_root: str, job: _Job) -> _JobResult:
     raw, vio, status_path = (folder / f"{job.stem}{suffix}" for suffix in (".mcap", "_vio.mcap", "_vio.json"))
     write_simulated_raw(raw, rec)
     write_simulated_vio(vio, rec, **(_format_variation(job.index) if job.defect is None else {}))
-    status = _status_json(job.stem, cfg.task, rec.truth.frames, rec.truth.last_frame_ns, status_rng)
+    status = studio_status(job.stem, cfg.task, rec.truth.frames, rec.truth.last_frame_ns, status_rng)
 
     defect = job.defect
     if defect == "status_failed":

@@ -41,6 +41,9 @@ class MotionPlan:
     attach_s: float  # the block is held from here (fingers closed on it) ...
     release_s: float  # ... to here (fingers start to open)
     scene: Scene
+    # Where the held block's centre sits in the tool frame; None: at the TCP (the plain plans). A
+    # takeover (`plan_takeover`) holds the block where the simulator's fingers closed on it.
+    grip_offset_tool: np.ndarray | None = None
 
     @property
     def duration_s(self) -> float:
@@ -115,9 +118,14 @@ class MotionPlan:
         key_yaw = self._heading(key_s)
         # The block keeps the yaw it had relative to the fingers when they closed on it.
         yaw_in_hand = self.scene.target_yaw - key_yaw[0]
+        if self.grip_offset_tool is not None:
+            offset = lambda ts: self._tool_rotation(ts).apply(self.grip_offset_tool)  # noqa: E731
+            key_pos = key_pos + offset(key_s)
         if held.any():
             ts = t_s[held]
             centre[held] = _min_jerk(self.knot_s, self.knot_position, ts) + self._wobble(ts)[:, :3]
+            if self.grip_offset_tool is not None:
+                centre[held] += offset(ts)
             yaw[held] = self._heading(ts) + yaw_in_hand
         if released.any():
             centre[released] = [key_pos[1, 0], key_pos[1, 1], size[2] / 2.0]
@@ -222,13 +230,7 @@ def plan_motion(
     knot_yaw = np.array([start_yaw] + [p[2] for p in phases])
     knot_width = np.array([width_open] + [p[3] for p in phases])
 
-    m = 3
-    wobble_hz = rng.uniform(0.2, 1.3, size=(m, 6))
-    wobble_phase = rng.uniform(0.0, 2.0 * np.pi, size=(m, 6))
-    # ~2 mm of positional tremor, ~0.6 deg of angular tremor per component.
-    wobble_amp = np.concatenate(
-        [rng.uniform(0.0005, 0.0012, size=(m, 3)), np.radians(rng.uniform(0.1, 0.35, size=(m, 3)))], axis=1
-    )
+    wobble_hz, wobble_phase, wobble_amp = _draw_wobble(rng)
 
     scene = Scene(
         target_xy=target_xy,
@@ -254,6 +256,132 @@ def plan_motion(
         attach_s=float(knot_s[attach_knot]),
         release_s=float(knot_s[release_knot]),
         scene=scene,
+    )
+
+
+def _draw_wobble(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A hand's tremor: frequencies, phases and amplitudes of a few slow sinusoids per component."""
+    m = 3
+    wobble_hz = rng.uniform(0.2, 1.3, size=(m, 6))
+    wobble_phase = rng.uniform(0.0, 2.0 * np.pi, size=(m, 6))
+    # ~2 mm of positional tremor, ~0.6 deg of angular tremor per component.
+    wobble_amp = np.concatenate(
+        [rng.uniform(0.0005, 0.0012, size=(m, 3)), np.radians(rng.uniform(0.1, 0.35, size=(m, 3)))], axis=1
+    )
+    return wobble_hz, wobble_phase, wobble_amp
+
+
+def _equivalent_yaw(current: float, wanted: float) -> float:
+    """The yaw nearest `current` that lines the fingers up with `wanted` (either way round: a block
+    and a mark look the same turned by half a turn)."""
+    return current + _wrap(2.0 * (wanted - current)) / 2.0
+
+
+def plan_takeover(
+    rng: np.random.Generator,
+    start_ns: int,
+    scene: Scene,
+    position: np.ndarray,
+    quaternion: np.ndarray,
+    width: float,
+    block_centre: np.ndarray,
+    block_yaw: float,
+    held: bool,
+) -> MotionPlan:
+    """The demonstrator taking over at a state of the scene that its plans need not visit (where a
+    policy drove the gripper: a correction recording, DAgger's label): from this TCP pose, opening
+    and block, the rest of the task as `plan_motion` does it.
+
+    With the block on the table: open if closed, approach above the block where it lies now, turn the
+    fingers across it, descend, close, lift, carry, lower onto the mark, open, retreat. Held (the
+    fingers closed on it, `held`): lift if low, then carry it, the block's centre (not the TCP) over
+    the mark, lower, open, retreat. The plan starts exactly at the given pose (its tremor starts from
+    there) and keeps the hand's tilt; the returned plan's scene is `scene` with the block where it is.
+    """
+    position = np.asarray(position, dtype=np.float64)
+    rotation = Rotation.from_quat(quaternion)
+    yaw, flipped_roll, pitch = rotation.as_euler("ZXY")  # the plan's yaw, then x by pi + roll, then y
+    roll = _wrap(flipped_roll - math.pi)
+    wobble_hz, wobble_phase, wobble_amp = _draw_wobble(rng)
+    tremor = (wobble_amp * np.sin(wobble_phase)).sum(axis=0)  # at t = 0: taken off the start knot
+    yaw0 = float(yaw - tremor[5])
+    start = position - tremor[:3]
+    narrow, _, height = scene.target_size
+    width_open = float(rng.uniform(0.078, WIDTH_OPEN_M))
+    lifted_z = float(rng.uniform(0.12, 0.16))
+    place_yaw = _equivalent_yaw(yaw0, scene.place_yaw)
+    duration = lambda low, high: float(rng.uniform(low, high))  # noqa: E731
+    phases: list[tuple[float, np.ndarray, float, float]] = []
+
+    if held:
+        grip = rotation.inv().apply(np.asarray(block_centre) - position)  # the block in the tool frame
+        width_closed = float(width)
+        if position[2] < lifted_z - 0.01:
+            phases.append((duration(0.7, 1.0), np.array([*start[:2], lifted_z]), yaw0, width_closed))
+        # The block's centre over the mark: the TCP beside it by the grip offset at the place yaw.
+        place_rotation = Rotation.from_euler("z", place_yaw) * Rotation.from_rotvec([math.pi, 0, 0])
+        offset = (place_rotation * Rotation.from_euler("xy", [roll, pitch])).apply(grip)
+        attach_knot = 0
+    else:
+        grip = None
+        width_closed = narrow - GRIP_SQUEEZE_M
+        extent_yaw = _equivalent_yaw(yaw0, block_yaw)
+        if width < width_open - 0.005:  # closed (on nothing) or half open: open where it is first
+            phases.append((duration(0.3, 0.5), start, yaw0, width_open))
+        above = np.array(
+            [*(np.asarray(block_centre)[:2] + rng.normal(0.0, 0.003, 2)), height + duration(0.08, 0.12)]
+        )
+        grasp = np.array([above[0], above[1], height / 2.0 + 0.003])
+        phases += [
+            (duration(1.4, 2.2), above, extent_yaw, width_open),  # approach
+            (duration(0.8, 1.2), grasp, extent_yaw, width_open),  # descend
+            (duration(0.4, 0.6), grasp, extent_yaw, width_closed),  # close
+            (duration(0.15, 0.25), grasp, extent_yaw, width_closed),  # settle
+            (duration(0.7, 1.0), np.array([*grasp[:2], lifted_z]), extent_yaw, width_closed),  # lift
+        ]
+        offset = np.zeros(3)
+        attach_knot = len(phases) - 1  # held from the end of "close"
+    over_place = np.array([*(scene.place_xy - offset[:2] + rng.normal(0.0, 0.004, 2)), lifted_z])
+    # Lowered until the block's bottom is 5 mm above the table (as the plain plans' placement).
+    placed = np.array([over_place[0], over_place[1], height / 2.0 + 0.005 - offset[2]])
+    forward = np.array([math.cos(place_yaw), math.sin(place_yaw)])
+    retreat = placed + np.array([*(-duration(0.0, 0.05) * forward), duration(0.08, 0.12)])
+    phases += [
+        (duration(1.2, 1.8), over_place, place_yaw, width_closed),  # carry
+        (duration(0.6, 0.9), placed, place_yaw, width_closed),  # lower
+    ]
+    release_knot = len(phases)  # released from the start of "open"
+    phases += [
+        (duration(0.3, 0.5), placed, place_yaw, width_open),  # open
+        (duration(0.6, 0.9), retreat, place_yaw, width_open),  # retreat
+        (duration(0.3, 0.6), retreat, place_yaw, width_open),  # hold still
+    ]
+    knot_s = np.concatenate([[0.0], np.cumsum([p[0] for p in phases])])
+    taken_over = Scene(
+        target_xy=np.asarray(block_centre, dtype=np.float64)[:2].copy(),
+        target_yaw=float(block_yaw),
+        target_size=scene.target_size,
+        place_xy=scene.place_xy,
+        place_yaw=scene.place_yaw,
+        table_center=scene.table_center,
+        table_bgr=scene.table_bgr,
+        texture_seed=scene.texture_seed,
+    )
+    return MotionPlan(
+        start_ns=int(start_ns),
+        end_ns=int(start_ns) + int(round(float(knot_s[-1]) * 1e9)),
+        knot_s=knot_s,
+        knot_position=np.array([start] + [p[1] for p in phases]),
+        knot_yaw=np.array([yaw0] + [p[2] for p in phases]),
+        knot_width=np.array([float(width)] + [p[3] for p in phases]),
+        tilt_rad=(float(roll - tremor[3]), float(pitch - tremor[4])),
+        wobble_hz=wobble_hz,
+        wobble_phase=wobble_phase,
+        wobble_amp=wobble_amp,
+        attach_s=float(knot_s[attach_knot]),
+        release_s=float(knot_s[release_knot]),
+        scene=taken_over,
+        grip_offset_tool=grip,
     )
 
 
