@@ -46,18 +46,7 @@ def strayed_state(seed: int) -> tuple[MotionPlan, Simulator]:
 
 
 def take_over(plan: MotionPlan, sim: Simulator, seed: int) -> MotionPlan:
-    s = sim.state
-    return plan_takeover(
-        np.random.default_rng(seed),
-        s.t_ns + PERIOD,
-        plan.scene,
-        s.position,
-        s.quaternion,
-        s.width,
-        s.block_centre,
-        s.block_yaw,
-        s.held,
-    )
+    return plan_takeover(np.random.default_rng(seed), sim.state.t_ns + PERIOD, plan.scene, sim.state)
 
 
 @pytest.mark.parametrize("seeds", [range(0, 12), range(12, 24)])

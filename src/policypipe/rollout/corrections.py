@@ -140,17 +140,7 @@ def write_takeover(
         + (takeover.scene * 100 + takeover.number) * RECORDING_SPACING_S * NS
     )
     s = takeover.state
-    demonstrator = plan_takeover(
-        plan_seed,
-        start_ns,
-        plan.scene,
-        s.position,
-        s.quaternion,
-        s.width,
-        s.block_centre,
-        s.block_yaw,
-        s.held,
-    )
+    demonstrator = plan_takeover(plan_seed, start_ns, plan.scene, s)
     # The streams run from the takeover on: the recording's first frame is the policy's state.
     timing = replace(random_timing(timing_seed), camera_start_s=0.0, pose_start_s=0.0, width_start_s=0.0)
     sample = SampleConfig()

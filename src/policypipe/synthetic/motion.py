@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from scipy.spatial.transform import Rotation
@@ -277,20 +278,24 @@ def _equivalent_yaw(current: float, wanted: float) -> float:
     return current + _wrap(2.0 * (wanted - current)) / 2.0
 
 
+class GripperAndBlock(Protocol):
+    """The state a takeover starts from (`simulator.SimState` is one; world frame, metres)."""
+
+    position: np.ndarray  # (3,) TCP
+    quaternion: np.ndarray  # (4,) xyzw, world <- tool
+    width: float  # finger opening
+    block_centre: np.ndarray  # (3,)
+    block_yaw: float
+    held: bool
+
+
 def plan_takeover(
-    rng: np.random.Generator,
-    start_ns: int,
-    scene: Scene,
-    position: np.ndarray,
-    quaternion: np.ndarray,
-    width: float,
-    block_centre: np.ndarray,
-    block_yaw: float,
-    held: bool,
+    rng: np.random.Generator, start_ns: int, scene: Scene, state: GripperAndBlock
 ) -> MotionPlan:
     """The demonstrator taking over at a state of the scene that its plans need not visit (where a
-    policy drove the gripper: a correction recording, DAgger's label): from this TCP pose, opening
-    and block, the rest of the task as `plan_motion` does it.
+    policy drove the gripper: a correction recording, DAgger's label): from the simulator's `state`
+    (the TCP pose, the opening, the block and whether it is held), the rest of the task as
+    `plan_motion` does it, starting at `start_ns`.
 
     With the block on the table: open if closed, approach above the block where it lies now, turn the
     fingers across it, descend, close, lift, carry, lower onto the mark, open, retreat. Held (the
@@ -298,8 +303,14 @@ def plan_takeover(
     the mark, lower, open, retreat. The plan starts exactly at the given pose (its tremor starts from
     there) and keeps the hand's tilt; the returned plan's scene is `scene` with the block where it is.
     """
-    position = np.asarray(position, dtype=np.float64)
-    rotation = Rotation.from_quat(quaternion)
+    position, width, block_centre, block_yaw = (
+        state.position,
+        state.width,
+        state.block_centre,
+        state.block_yaw,
+    )
+    held = state.held
+    rotation = Rotation.from_quat(state.quaternion)
     yaw, flipped_roll, pitch = rotation.as_euler("ZXY")  # the plan's yaw, then x by pi + roll, then y
     roll = _wrap(flipped_roll - math.pi)
     wobble_hz, wobble_phase, wobble_amp = _draw_wobble(rng)
