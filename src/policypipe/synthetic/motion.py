@@ -10,7 +10,7 @@ Frames: see `scene`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -182,7 +182,7 @@ def plan_motion(
     start_yaw = heading + float(rng.uniform(-0.15, 0.15))
     # The fingers close across the narrow side, so the tool's x axis lies along the block's
     # long side; of the two ways to do that, the hand takes the one closer to where it points.
-    grasp_yaw = start_yaw + _wrap(2.0 * (target_yaw - start_yaw)) / 2.0
+    grasp_yaw = _equivalent_yaw(start_yaw, target_yaw)
     place_yaw = grasp_yaw + float(rng.uniform(-0.5, 0.5))
 
     start = np.array(
@@ -368,15 +368,8 @@ def plan_takeover(
         (duration(0.3, 0.6), retreat, place_yaw, width_open),  # hold still
     ]
     knot_s = np.concatenate([[0.0], np.cumsum([p[0] for p in phases])])
-    taken_over = Scene(
-        target_xy=np.asarray(block_centre, dtype=np.float64)[:2].copy(),
-        target_yaw=float(block_yaw),
-        target_size=scene.target_size,
-        place_xy=scene.place_xy,
-        place_yaw=scene.place_yaw,
-        table_center=scene.table_center,
-        table_bgr=scene.table_bgr,
-        texture_seed=scene.texture_seed,
+    taken_over = replace(
+        scene, target_xy=np.asarray(block_centre, dtype=np.float64)[:2].copy(), target_yaw=float(block_yaw)
     )
     return MotionPlan(
         start_ns=int(start_ns),
