@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from policypipe.dataset.window_dataset import WindowDataset
-from policypipe.evaluation.errors import chunk_errors, hold_still
+from policypipe.evaluation.errors import COMPONENTS, chunk_errors, hold_still
 from policypipe.evaluation.evaluate import executed_errors, predict
 from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.training.checkpoint import TrainHistory
 from policypipe.training.config import model_for_dataset
-from policypipe.training.ranking import COMPONENTS, ExecutedErrorProbe
+from policypipe.training.ranking import ExecutedErrorProbe
 from tests.training.conftest import MODEL, WINDOW
 
 

@@ -15,6 +15,9 @@ import numpy as np
 
 from policypipe.dataset.windows import rot6d, rot6d_to_matrix
 
+# The error components of a pose chunk, in the order every report lists them.
+COMPONENTS = ("position_mm", "rotation_deg", "width_mm")
+
 
 def chunk_errors(predicted: np.ndarray, recorded: np.ndarray) -> dict[str, np.ndarray]:
     """Per sample and horizon step (N, H): position (mm), rotation (degrees, geodesic), width (mm)."""
@@ -40,6 +43,13 @@ def whole_errors(predicted: np.ndarray, recorded: np.ndarray) -> dict[str, np.nd
     if len(per_gripper) == 1:
         return per_gripper[0]
     return {c: np.mean([e[c] for e in per_gripper], axis=0) for c in per_gripper[0]}
+
+
+def executed_errors(chunk: np.ndarray, recorded: np.ndarray, n_action_steps: int) -> dict[str, np.ndarray]:
+    """Per sample (N,): each component's error averaged over the executed steps (and the grippers):
+    what `eval` reports and what the checkpoints are ranked by."""
+    errs = whole_errors(chunk, recorded)
+    return {c: errs[c][:, :n_action_steps].mean(axis=1) for c in COMPONENTS}
 
 
 def summarize(errors: np.ndarray, n_action_steps: int) -> dict[str, Any]:

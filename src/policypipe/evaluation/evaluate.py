@@ -37,11 +37,13 @@ from policypipe.dataset import layout
 from policypipe.dataset.windows import WindowConfig
 from policypipe.evaluation.errors import (
     CI_METHOD,
+    COMPONENTS,
     bootstrap_mean_ci,
     chunk_errors,
     ci_scope,
     constant_velocity,
     difference_summary,
+    executed_errors,
     foreign_episode_partners,
     gripper_chunks,
     hold_still,
@@ -57,7 +59,6 @@ from policypipe.policy.diffusion import DiffusionPolicy
 
 log = logging.getLogger(__name__)
 
-COMPONENTS = ("position_mm", "rotation_deg", "width_mm")
 BASELINES = ("hold_still", "mean_motion", "constant_velocity", "nearest_neighbour")
 ABLATION_OTHER_EPISODES = "camera_ablation_other_episodes"
 ABLATION_CONSTANT_IMAGE = "camera_ablation_constant_image"
@@ -244,12 +245,6 @@ def camera_ablations(
         if k:
             out[ABLATION_ABSENT + suffix] = {valid: torch.zeros_like(samples.batch[valid])}
     return out
-
-
-def executed_errors(chunk: np.ndarray, recorded: np.ndarray, n_action_steps: int) -> dict[str, np.ndarray]:
-    """Per sample (N,): each component's error averaged over the executed steps (and the grippers)."""
-    errs = whole_errors(chunk, recorded)
-    return {c: errs[c][:, :n_action_steps].mean(axis=1) for c in COMPONENTS}
 
 
 def evaluate(

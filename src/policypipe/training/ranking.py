@@ -23,10 +23,8 @@ import torch
 
 from policypipe.dataset.joint_windows import JointSeries
 from policypipe.dataset.window_dataset import WindowDataset
-from policypipe.evaluation.errors import chunk_errors, hold_still, joint_errors, joint_hold_still
+from policypipe.evaluation.errors import executed_errors, hold_still, joint_errors, joint_hold_still
 from policypipe.policy.diffusion import DiffusionPolicy
-
-COMPONENTS = ("position_mm", "rotation_deg", "width_mm")
 
 
 def executed_means(
@@ -38,9 +36,7 @@ def executed_means(
     if gripper_dims is not None:
         errors = joint_errors(chunks, recorded, gripper_dims)
         return {c: float(e[:, :n_action_steps].mean()) for c, e in errors.items()}
-    blocks = [slice(10 * g, 10 * (g + 1)) for g in range(chunks.shape[-1] // 10)]
-    errors = [chunk_errors(chunks[..., b], recorded[..., b]) for b in blocks]
-    return {c: float(np.mean([e[c][:, :n_action_steps].mean() for e in errors])) for c in COMPONENTS}
+    return {c: float(e.mean()) for c, e in executed_errors(chunks, recorded, n_action_steps).items()}
 
 
 @dataclass(frozen=True)
