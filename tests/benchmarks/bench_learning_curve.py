@@ -13,7 +13,11 @@ smaller budget's point is its policy mid-schedule, not a run that annealed at th
 
 `--image-size` converts data/raw (data/manifest.json) again at that frame size into --out, with
 params.yaml's convert section otherwise; statistics are computed for the overridden [policy]
-windows. Rollouts run on scenes from --first-seed (1000 on: the rollout stage reports 0-49).
+windows. `--raw` pairs and converts another export folder instead (data/raw with a round of
+`policypipe corrections` added, for the corrections' measurement). `--schedule` sets the
+learning-rate schedule's length (default: the largest budget), so that runs on different data can
+stop at the same point of the same schedule. Rollouts run on scenes from --first-seed (1000 on: the
+rollout stage reports 0-49).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from policypipe.dataset.fingerprint import fingerprint
 from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.lineage.hashing import sha256_file
 from policypipe.policy.export import save_policy
+from policypipe.recordings.pairing import PairConfig, pair_export
 from policypipe.rollout.report import UNGRASPED, RolloutStageConfig, run_rollouts, wilson_interval
 from policypipe.runtime.spec import spec_of_training
 from policypipe.training.config import train_config_from_params
@@ -45,20 +50,23 @@ from tests.benchmarks.bench_seeds import override
 REPO = Path(__file__).resolve().parents[2]
 
 
-def dataset_for(out: Path, image_size: tuple[int, int] | None) -> Path:
-    """The pipeline's dataset, or data/raw converted again at `image_size` into `out`."""
-    convert = from_mapping(ConvertConfig, read_section(REPO / "params.yaml", "convert"), "convert")
-    if image_size is None or tuple(image_size) == tuple(convert.image_size):
+def dataset_for(out: Path, image_size: tuple[int, int] | None, raw: Path | None = None) -> Path:
+    """The pipeline's dataset, or `raw` (default data/raw) converted at `image_size` into `out`."""
+    params = from_mapping(ConvertConfig, read_section(REPO / "params.yaml", "convert"), "convert")
+    convert = replace(params, image_size=tuple(image_size or params.image_size))
+    if raw is None and convert == params:
         return REPO / "data/dataset.zarr"
-    store = out / f"dataset-{image_size[0]}x{image_size[1]}.zarr"
+    manifest = REPO / "data/manifest.json"
+    if raw is not None:
+        manifest = out / "manifest.json"
+        if not manifest.exists():
+            pairing = from_mapping(PairConfig, read_section(REPO / "params.yaml", "pair"), "pair")
+            result = pair_export(raw, pairing)
+            print(f"{raw}: {len(result.recordings)} recordings paired, {len(result.rejections)} rejected")
+            write_json_atomic(manifest, result.manifest())
+    store = out / f"dataset-{convert.image_size[0]}x{convert.image_size[1]}.zarr"
     if not store.exists():
-        convert_dataset(
-            REPO / "data/manifest.json",
-            REPO / "data/raw",
-            store,
-            out / "convert-cache",
-            replace(convert, image_size=tuple(image_size)),
-        )
+        convert_dataset(manifest, raw or REPO / "data/raw", store, out / "convert-cache", convert)
     return store
 
 
@@ -94,12 +102,16 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--image-size", type=int, nargs=2, metavar=("WIDTH", "HEIGHT"))
+    parser.add_argument("--raw", type=Path, help="an export folder to pair and convert (default: data/raw)")
+    parser.add_argument("--schedule", type=int, help="the schedule's steps (default: the largest budget)")
     parser.add_argument("--first-seed", type=int, default=1000)
     parser.add_argument("--episodes", type=int, default=50)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     if args.budgets != sorted(set(args.budgets)):
         parser.error("--budgets must be distinct and ascending")
+    if args.schedule is not None and args.schedule < args.budgets[-1]:
+        parser.error("--schedule must be at least the largest budget")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -109,8 +121,8 @@ def main() -> None:
     for assignment in args.overrides:
         override(sections, assignment)
     config = train_config_from_params(sections["train"], sections["policy"])
-    config = replace(config, steps=args.budgets[-1])
-    store = dataset_for(args.out, args.image_size)
+    config = replace(config, steps=args.schedule or args.budgets[-1])
+    store = dataset_for(args.out, args.image_size, args.raw)
     stats_path = statistics_for(store, config.window, args.out)
     stats = json.loads(stats_path.read_text())
     spec = spec_of_training(dict(zarr.open_group(store, mode="r").attrs), stats, sha256_file(stats_path))
