@@ -2,39 +2,40 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
-from common import fail, load_config, setup_logging
+from common import (
+    fail,
+    load_config,
+    policy_stage_parser,
+    record_policy_inputs,
+    setup_logging,
+    skip_policy_stage,
+)
 
 from policypipe.atomic import write_json_atomic
 from policypipe.config import ConfigError, require_same_window
 from policypipe.evaluation.evaluate import EvalConfig, evaluate, held_out_sides
 from policypipe.evaluation.joint_space import evaluate_joint_space
 from policypipe.evaluation.plots import write_eval_plots, write_joint_eval_plots
-from policypipe.lineage.hashing import sha256_file, sha256_path
+from policypipe.lineage.hashing import sha256_file
 from policypipe.lineage.provenance import StageRun
 from policypipe.policy.export import is_privileged_control, load_policy, require_trained_with
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--policy", type=Path, required=True)
-    parser.add_argument("--dataset", type=Path, required=True)
-    parser.add_argument("--stats", type=Path, required=True)
-    parser.add_argument("--metrics", type=Path, required=True)
+    parser = policy_stage_parser(__doc__)
     parser.add_argument(
         "--per-step", type=Path, required=True, help="plot data: position error per horizon step"
     )
-    parser.add_argument("--plots", type=Path, required=True)
-    parser.add_argument("--provenance", type=Path, required=True)
     args = parser.parse_args()
     setup_logging()
     config = load_config("eval", EvalConfig)
+    params = {"eval": asdict(config)}
 
     started = time.monotonic()
     if is_privileged_control(args.policy):
@@ -44,16 +45,9 @@ def main() -> None:
             "the policy is the privileged control (train.privileged): it observes the synthetic scene's "
             "state, not the camera; `dvc repro rollout` measures it in closed loop"
         )
-        with StageRun("eval", params={"eval": asdict(config)}) as run:
-            for path in (args.metrics, args.per_step):
-                write_json_atomic(path, {"not_run": reason})
-            args.plots.mkdir(parents=True, exist_ok=True)
-        run.inputs[args.policy.as_posix()] = sha256_path(args.policy)
-        run.add_outputs([args.metrics, args.per_step])
-        run.write(args.provenance)
-        print(f"eval: not run: {reason}")
+        skip_policy_stage("eval", params, reason, args, [args.metrics, args.per_step])
         return
-    with StageRun("eval", params={"eval": asdict(config)}) as run:
+    with StageRun("eval", params=params) as run:
         try:
             policy = load_policy(args.policy)
         except (OSError, ValueError) as exc:
@@ -96,10 +90,7 @@ def main() -> None:
     run.details["baseline_cost_s"] = {
         name: {step: round(s, 3) for step, s in cost.items()} for name, cost in costs.items()
     }
-    run.inputs[args.policy.as_posix()] = sha256_path(args.policy)
-    # As recorded by stats (and checked there): eval reads the dataset that stats describes.
-    run.inputs[args.dataset.as_posix() + "#fingerprint"] = stats["dataset_fingerprint"]["sha256"]
-    run.inputs[args.stats.as_posix()] = sha256_file(args.stats)
+    record_policy_inputs(run, args, stats)
     run.add_outputs([args.metrics, args.per_step, args.plots])
     run.write(args.provenance)
 

@@ -3,17 +3,21 @@ beside references on the same scenes: success rates, failures, a contact sheet a
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 from dataclasses import asdict
-from pathlib import Path
 
-from common import fail, load_config, setup_logging
+from common import (
+    fail,
+    load_config,
+    policy_stage_parser,
+    record_policy_inputs,
+    setup_logging,
+    skip_policy_stage,
+)
 
 from policypipe.atomic import write_json_atomic
-from policypipe.lineage.hashing import sha256_file, sha256_path
 from policypipe.lineage.provenance import StageRun
 from policypipe.rollout.references import not_of_the_sample_scene, training_demonstrations
 from policypipe.rollout.report import (
@@ -29,28 +33,17 @@ from policypipe.runtime.spec import RuntimeSpec
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--policy", type=Path, required=True)
-    parser.add_argument("--dataset", type=Path, required=True, help="the nearest-demonstration reference's")
-    parser.add_argument("--stats", type=Path, required=True, help="its split: which episodes trained")
-    parser.add_argument("--metrics", type=Path, required=True)
-    parser.add_argument("--plots", type=Path, required=True, help="contact sheet and videos")
-    parser.add_argument("--provenance", type=Path, required=True)
-    args = parser.parse_args()
+    # The dataset is the nearest-demonstration reference's; the plots, a contact sheet and videos.
+    args = policy_stage_parser(__doc__).parse_args()
     setup_logging()
     config = load_config("rollout", RolloutStageConfig)
+    params = {"rollout": asdict(config)}
 
     started = time.monotonic()
     if reason := not_of_the_sample_scene(args.dataset):
-        with StageRun("rollout", params={"rollout": asdict(config)}) as run:
-            write_json_atomic(args.metrics, {"not_run": reason})
-            args.plots.mkdir(parents=True, exist_ok=True)
-        run.inputs[args.policy.as_posix()] = sha256_path(args.policy)
-        run.add_outputs([args.metrics])
-        run.write(args.provenance)
-        print(f"rollout: not run: {reason}")
+        skip_policy_stage("rollout", params, reason, args, [args.metrics])
         return
-    with StageRun("rollout", params={"rollout": asdict(config)}) as run:
+    with StageRun("rollout", params=params) as run:
         try:
             spec = RuntimeSpec.read(
                 args.policy
@@ -85,10 +78,7 @@ def main() -> None:
         args.plots.mkdir(parents=True, exist_ok=True)
         contact_sheet(results["policy"], args.plots / "final_frames.png")
         videos = record_videos(args.policy, config, video_seeds(results["policy"], config.videos), args.plots)
-    run.inputs[args.policy.as_posix()] = sha256_path(args.policy)
-    # As eval records them: the dataset by the fingerprint stats recorded (not a walk of its files).
-    run.inputs[args.dataset.as_posix() + "#fingerprint"] = stats["dataset_fingerprint"]["sha256"]
-    run.inputs[args.stats.as_posix()] = sha256_file(args.stats)
+    record_policy_inputs(run, args, stats)
     run.add_outputs([args.metrics, args.plots])
     run.write(args.provenance)
     for controller in CONTROLLERS:
