@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tracemalloc
 import types
 import weakref
@@ -435,6 +436,31 @@ def test_camera_on_another_clock_says_the_spans_do_not_overlap_and_by_how_much(o
     assert info.value.reason == "no_time_overlap"
     assert "no camera frame lies within the pose and width time span" in str(info.value)
     assert says in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("shifts_s", "says"),
+    [
+        ((0.0, 3600.0), "gripper 1: the camera ends 3598.9"),  # gripper 1 on another clock
+        # Each overlaps the camera, not each other.
+        ((0.5, -0.9), "gripper 0's pose and width begin after gripper 1's end"),
+    ],
+)
+def test_with_two_grippers_no_time_overlap_names_the_gripper(shifts_s, says) -> None:
+    # Gripper 0's spans alone were given before, whichever gripper was off.
+    streams = make_streams(seconds=1.0)
+    recorded = streams.grippers[0]
+    for i, shift_s in enumerate(shifts_s):
+        shift = round(shift_s * 1e9)
+        streams.grippers[i] = dataclasses.replace(
+            recorded, pose_ns=recorded.pose_ns + shift, width_ns=recorded.width_ns + shift
+        )
+    with pytest.raises(RecordingError) as info:
+        build_episode(streams, CONFIG)
+    assert info.value.reason == "no_time_overlap"
+    message = str(info.value)
+    assert "every gripper's pose and width time span" in message and says in message, message
+    assert "gripper 0's pose +0.000" in message and "gripper 1's width" in message, message
 
 
 def test_an_exclusion_names_the_files_damage_which_may_be_why_too_little_is_left() -> None:

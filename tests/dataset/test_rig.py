@@ -28,7 +28,7 @@ from policypipe.synthetic.recording import StreamTiming, write_simulated_raw, wr
 from policypipe.synthetic.render import read_timecode, timecode_value
 from policypipe.synthetic.rig import SCENE_CAMERA_HZ, RigRecording, plan_rig, simulate_rig_recording
 from tests.conftest import write_status
-from tests.dataset.test_convert import START_NS, convert
+from tests.dataset.test_convert import START_NS, add_recording, convert
 
 SCENE = 2  # the scene camera of a two-gripper rig
 CONFIG = ConvertConfig(
@@ -237,9 +237,25 @@ def test_version1_and_version2_names_of_gripper0_are_one_stream(rig_export, tmp_
     from policypipe.recordings.messages import RecordingError
 
     with pytest.raises(
-        RecordingError, match="no messages on /robot2/vio/pose; topics present: /camera0/image"
+        RecordingError,
+        match=r"no messages on /robot2/vio/pose \(convert.grippers \[0, 2\] asks for gripper 2\); "
+        "topics present: /camera0/image",
     ):
         read_streams(export / "a_vio.mcap", CONFIG.topics, (0, 2), (0,))
+
+
+def test_a_recording_of_one_gripper_under_two_grippers_is_excluded_naming_the_param(tmp_path: Path) -> None:
+    # Excluded as "no messages on /robot1/vio/pose" before: true, and silent on why it was looked for.
+    export = tmp_path / "export"
+    export.mkdir()
+    add_recording(export, "one", 1)  # format 1: /vio/pose, /gripper/width
+    add_rig_recording(export, "two", 4)
+    result = convert(export, tmp_path / "ds.zarr", replace(CONFIG, cameras=(0,)))
+    assert [ep["stem"] for ep in result.episodes] == ["two"]
+    (excluded,) = result.excluded
+    assert excluded["stem"] == "one" and excluded["excluded"] == "missing_topic"
+    assert "convert.grippers [0, 1] asks for gripper 1" in excluded["detail"], excluded["detail"]
+    assert "recording of one gripper (format 1): convert it with convert.grippers: [0]" in excluded["detail"]
 
 
 # ---------------------------------------------------------------- windows and statistics over a rig

@@ -140,25 +140,52 @@ def frame_interval_ns(capture_ns: np.ndarray) -> float:
     return float(np.median(intervals[intervals < 1.5 * rough]))
 
 
-def _no_overlap(t_cam: np.ndarray, streams: tuple[np.ndarray, np.ndarray], both: tuple[int, int]) -> str:
-    """Why no camera frame has a pose and width: the spans, and how far apart (another clock?)."""
-
-    pose_t, width_t = streams
+def _no_overlap(t_cam: np.ndarray, samples: dict[int, _CleanSamples]) -> str:
+    """Why no camera frame has every gripper's pose and width: the spans, and how far apart (another
+    clock?); with several grippers, whose."""
+    origin = samples[0].pose_t[0]
 
     def span(t: np.ndarray) -> str:
-        return f"{(t[0] - pose_t[0]) / 1e9:+.3f}..{(t[-1] - pose_t[0]) / 1e9:+.3f} s"
+        return f"{(t[0] - origin) / 1e9:+.3f}..{(t[-1] - origin) / 1e9:+.3f} s"
 
-    lo, hi = both
-    if lo > hi:
-        where = "pose and width do not overlap each other"
-    elif t_cam[0] > hi:
-        where = f"the camera starts {(t_cam[0] - hi) / 1e9:.3f} s after pose and width end"
-    else:
-        where = f"the camera ends {(lo - t_cam[-1]) / 1e9:.3f} s before pose and width begin"
+    def both(g: _CleanSamples) -> tuple[int, int]:
+        return max(g.pose_t[0], g.width_t[0]), min(g.pose_t[-1], g.width_t[-1])
+
+    def where(lo: int, hi: int) -> str:
+        if lo > hi:
+            return "pose and width do not overlap each other"
+        if t_cam[0] > hi:
+            return f"the camera starts {(t_cam[0] - hi) / 1e9:.3f} s after pose and width end"
+        return f"the camera ends {(lo - t_cam[-1]) / 1e9:.3f} s before pose and width begin"
+
+    def spans(i: int, g: _CleanSamples) -> str:
+        name = "" if len(samples) == 1 else f"gripper {i}'s "
+        return f"{name}pose {span(g.pose_t)}, {name}width {span(g.width_t)}"
+
+    clock = (
+        "Capture times of all streams must be on one clock (recording-format.md): check the studio's "
+        "time source"
+    )
+    if len(samples) == 1:
+        return (
+            f"no camera frame lies within the pose and width time span: {where(*both(samples[0]))} "
+            f"(from the first pose sample: camera {span(t_cam)}, {spans(0, samples[0])}). {clock}"
+        )
+    alone = {i: both(g) for i, g in samples.items()}
+    apart = [i for i, (lo, hi) in alone.items() if not ((t_cam >= lo) & (t_cam <= hi)).any()]
+    if apart:
+        what = "; ".join(f"gripper {i}: {where(*alone[i])}" for i in apart)
+    else:  # each overlaps the camera, not all at once
+        late = max(alone, key=lambda i: alone[i][0])
+        early = min(alone, key=lambda i: alone[i][1])
+        if alone[late][0] > alone[early][1]:
+            what = f"gripper {late}'s pose and width begin after gripper {early}'s end"
+        else:
+            what = "the span they all share holds no camera frame"
+    listed = ", ".join(spans(i, g) for i, g in samples.items())
     return (
-        f"no camera frame lies within the pose and width time span: {where} (from the first pose sample: "
-        f"camera {span(t_cam)}, pose {span(pose_t)}, width {span(width_t)}). Capture times of all "
-        "streams must be on one clock (recording-format.md): check the studio's time source"
+        "no camera frame lies within every gripper's pose and width time span: "
+        f"{what} (from gripper 0's first pose sample: camera {span(t_cam)}, {listed}). {clock}"
     )
 
 
@@ -504,8 +531,7 @@ def _build_episode(streams: Streams, config: ConvertConfig) -> Episode:
     hi = min(min(g.pose_t[-1], g.width_t[-1]) for g in samples.values())
     inside = (t_cam >= lo) & (t_cam <= hi)
     if len(t_cam) and not inside.any():
-        first = samples[0]
-        raise RecordingError("no_time_overlap", _no_overlap(t_cam, (first.pose_t, first.width_t), (lo, hi)))
+        raise RecordingError("no_time_overlap", _no_overlap(t_cam, samples))
     if problems:
         dropped["tracking_loss"] += int((~inside).sum())
     else:

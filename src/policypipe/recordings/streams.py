@@ -225,6 +225,7 @@ class _Reading:
         if 0 not in cameras:
             raise ValueError(f"cameras={list(cameras)}: camera 0 is the dataset's clock and must be read")
         self.topics = topics
+        self.grippers = grippers
         # (kind, number) -> its candidate topics, in order of preference
         self.candidates: dict[tuple[str, int], tuple[str, ...]] = {
             **{("camera", k): topics.camera_candidates(k) for k in cameras},
@@ -369,6 +370,13 @@ class _Reading:
                 detail += f" ({lost[name]} lost: {'; '.join(damage)})"
             elif damage:  # the damage may have cost them, uncounted
                 detail += f" (the file is damaged: {'; '.join(damage)})"
+            if kind != "camera" and index > 0:  # a gripper the params ask for, not the file's
+                detail += f" (convert.grippers {list(self.grippers)} asks for gripper {index})"
+                if not any(t.startswith("/robot") for t in self.seen):
+                    detail += (
+                        "; this is a recording of one gripper (format 1): convert it with "
+                        "convert.grippers: [0], apart from the recordings of several"
+                    )
             raise RecordingError(
                 "missing_topic", f"no messages on {shown}{detail}; topics present: {present}"
             )
