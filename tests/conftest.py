@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -13,9 +14,39 @@ from mcap.writer import CompressionType, Writer
 from tests.leftovers import MARKER, describe, kill, session_processes, wait_until_gone
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# CI and every checkout have the project's shared/ folder beside the repository.
-SHARED = Path(os.environ.get("POLICYPIPE_SHARED", REPO_ROOT.parent / "shared"))
-MCAP_SAMPLES = SHARED / "mcap-samples"
+SHARED_VARIABLE = "POLICYPIPE_SHARED"
+
+
+def _shared_candidates() -> list[Path]:
+    """Where the project's shared/ folder (design notes, public MCAP samples) may be: the variable's
+    folder if set; else beside this checkout (CI, every workspace), or beside the repository it was
+    cloned from (a clone elsewhere, in a temporary folder, of a local checkout)."""
+    if SHARED_VARIABLE in os.environ:
+        return [Path(os.environ[SHARED_VARIABLE])]
+    candidates = [REPO_ROOT.parent / "shared"]
+    origin = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "config", "--get", "remote.origin.url"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if origin and Path(origin).is_dir():  # a local path, not a URL
+        candidates.append(Path(origin).resolve().parent / "shared")
+    return candidates
+
+
+def mcap_samples() -> Path:
+    """The shared public MCAP samples' folder; a test that needs them fails in one line if absent."""
+    candidates = [c / "mcap-samples" for c in _shared_candidates()]
+    for folder in candidates:
+        if any(folder.rglob("*.mcap")):
+            return folder
+    pytest.fail(
+        f"the shared MCAP samples are not in {' or '.join(map(str, candidates))}: set {SHARED_VARIABLE} to "
+        "the folder that holds mcap-samples/",
+        pytrace=False,
+    )
+
 
 # Inherited by every process this session starts (tests/leftovers.py): a test's leftover is found
 # by it, even reparented, and killed, and the test fails.

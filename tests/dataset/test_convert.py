@@ -28,7 +28,7 @@ from policypipe.recordings.pairing import PairConfig, pair_export
 from policypipe.synthetic.motion import plan_motion
 from policypipe.synthetic.recording import StreamTiming, write_raw_mcap, write_vio_mcap
 from policypipe.synthetic.render import read_timecode, timecode_value
-from tests.conftest import MCAP_SAMPLES, write_status
+from tests.conftest import mcap_samples, write_status
 from tests.leftovers import describe, group_members, wait_until_gone
 
 START_NS = 1_762_160_000_000_000_000
@@ -162,7 +162,7 @@ def test_bad_recordings_are_excluded_with_reasons_and_the_rest_is_intact(tmp_pat
     plan_b, truth_b = add_recording(export, "b_good", 4)
     # Real public MCAP files as _vio.mcap: well-formed, but not a gripper recording.
     for i, name in enumerate(["rerun_simple-protobuf.mcap", "depthai_recording.mcap", "TenMessages.mcap"]):
-        sample = next(MCAP_SAMPLES.rglob(name))
+        sample = next(mcap_samples().rglob(name))
         add_recording(export, f"c_real_{i}", 10 + i)
         shutil.copyfile(sample, export / f"c_real_{i}_vio.mcap")
         write_status(export / f"c_real_{i}_vio.json", f"c_real_{i}")
@@ -337,7 +337,8 @@ def test_every_real_public_mcap_gives_a_clear_per_recording_error(tmp_path: Path
     export = tmp_path / "export"
     export.mkdir()
     add_recording(export, "a_good", 3)
-    samples = sorted(MCAP_SAMPLES.rglob("*.mcap"))
+    samples = sorted(mcap_samples().rglob("*.mcap"))
+    assert len(samples) >= 15, f"expected the 15 shared MCAP samples or more, found {len(samples)}"
     for i, sample in enumerate(samples):
         stem = f"real_{i:02d}"
         shutil.copyfile(sample, export / f"{stem}_vio.mcap")

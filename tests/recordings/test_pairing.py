@@ -11,7 +11,7 @@ from policypipe.atomic import canonical_json
 from policypipe.lineage.hashing import sha256_file
 from policypipe.recordings.layout import MAX_STATUS_BYTES
 from policypipe.recordings.pairing import PairConfig, Reason, pair_export
-from tests.conftest import MCAP_SAMPLES, write_tiny_mcap, write_triplet
+from tests.conftest import mcap_samples, write_tiny_mcap, write_triplet
 
 CONFIG = PairConfig(task="pick_place")
 
@@ -220,8 +220,8 @@ def test_missing_export_folder_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_real_public_mcap_files_are_paired_or_rejected_never_a_crash(export: Path) -> None:
-    samples = sorted(MCAP_SAMPLES.rglob("*.mcap"))
-    assert len(samples) >= 15, f"expected the shared MCAP samples in {MCAP_SAMPLES}"
+    samples = sorted(mcap_samples().rglob("*.mcap"))
+    assert len(samples) >= 15, f"expected the 15 shared MCAP samples or more, found {len(samples)}"
     # The known-corrupt variant: a CR byte stripped from the magic, as git's eol rules do.
     crlf_damaged = samples[0].read_bytes().replace(b"\r\n", b"\n", 1)
     for i, sample in enumerate(samples):
