@@ -8,14 +8,8 @@ from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
-from common import (
-    fail,
-    load_config,
-    policy_stage_parser,
-    record_policy_inputs,
-    setup_logging,
-    skip_policy_stage,
-)
+from common import fail, load_config, setup_logging
+from policy_stage import policy_stage_parser, record_policy_inputs, skip_policy_stage
 
 from policypipe.atomic import write_json_atomic
 from policypipe.config import ConfigError, require_same_window
