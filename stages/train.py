@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -24,7 +25,7 @@ from policypipe.live_metrics import TrainingLog
 from policypipe.policy.export import save_policy
 from policypipe.runtime.spec import spec_of_training
 from policypipe.synthetic.privileged import privileged_training
-from policypipe.training.checkpoint import CheckpointError
+from policypipe.training.checkpoint import CheckpointError, best_ranked_ema
 from policypipe.training.config import train_config_from_params
 from policypipe.training.loop import train
 
@@ -127,7 +128,21 @@ def main() -> None:
         trained_with = {"dataset_fingerprint": fingerprint, "stats_sha256": stats_sha256}
         # What a robot-side runner needs besides the weights (policypipe.runtime).
         spec = spec_of_training(dict(zarr.open_group(args.dataset, mode="r").attrs), stats, stats_sha256)
-        save_policy(args.policy, result.policy, trained_with | {"steps": result.steps}, spec.to_json())
+        policy, exported = result.policy, {}
+        if config.export == "best":
+            try:
+                ema, exported = best_ranked_ema(args.run_dir)
+            except CheckpointError as exc:
+                fail(f"train.export best: {exc}")
+            policy = copy.deepcopy(result.policy)
+            policy.load_state_dict(ema)
+        lineage = trained_with | {"steps": result.steps} | exported
+        save_policy(args.policy, policy, lineage, spec.to_json())
+        if exported:
+            print(
+                f"train: exported the best-ranked checkpoint: step {exported['export_step']} of "
+                f"{result.steps}, {exported['rank_by']} {exported['rank_value']:.4g}"
+            )
         metrics = result.metrics(args.run_dir, wall_time_s=time.monotonic() - started)
         write_json_atomic(args.metrics, metrics)
     run.inputs[args.dataset.as_posix() + "#fingerprint"] = fingerprint

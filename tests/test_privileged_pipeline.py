@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 
 from tests.workspace import checkout_copy, run, run_failing, shorten_training
 
@@ -28,6 +30,7 @@ def test_dvc_repro_trains_the_privileged_control_on_the_sample_exports_ground_tr
     assert "is not recording rec_0001 of the sample export with seed 4" in refused.stderr
 
     params["train"]["privileged"]["seed"] = 3
+    params["train"]["export"] = "best"  # and the policy is the best-ranked checkpoint's, named
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = run(repo, "dvc", "repro")
     assert "eval: not run: the policy is the privileged control" in out
@@ -36,3 +39,11 @@ def test_dvc_repro_trains_the_privileged_control_on_the_sample_exports_ground_tr
     assert "not_run" in json.loads((repo / "metrics/eval.json").read_text())
     rollout = json.loads((repo / "metrics/rollout.json").read_text())
     assert sum(rollout["policy"]["outcomes"].values()) == 2  # two episodes, each with an outcome
+
+    lineage = json.loads((repo / "data/policy/manifest.json").read_text())["lineage"]
+    value, step, name = json.loads((repo / "data/train/history.json").read_text())["top_k"][0]
+    assert (lineage["export"], lineage["export_step"], lineage["rank_value"]) == ("best", step, value)
+    assert "exported the best-ranked checkpoint" in out
+    exported = load_file(repo / "data/policy/model.safetensors")
+    ema = load_file(repo / "data/train/checkpoints" / name / "ema.safetensors")
+    assert all(torch.equal(exported[k], ema[k]) for k in ema) and exported.keys() == ema.keys()

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from policypipe.training.checkpoint import CheckpointError, load_checkpoint
+from policypipe.training.checkpoint import CheckpointError, best_ranked_ema, load_checkpoint
 from policypipe.training.config import TrainConfig
 from policypipe.training.loop import train
 from policypipe.training.schedules import ema_decay
@@ -72,6 +72,24 @@ def test_run_writes_latest_and_top_k_by_its_ranking_and_learns(dataset, tmp_path
     assert state.trainer["step"] == 12 and state.trainer["complete"]
     assert result.best_val_loss <= result.first_val_loss
     assert result.best_executed["score"] == min(e["score"] for _, e in history["executed"])
+    # train.export: best exports the first-ranked checkpoint's EMA weights and names it.
+    ema, exported = best_ranked_ema(tmp_path / "run")
+    ranked = [n for n in names if n != "latest"]
+    (first,) = [n for n in ranked if float(n.split("-")[1]) == pytest.approx(best[0], abs=1e-5)]
+    assert exported == {
+        "export": "best",
+        "export_step": int(first.split("-")[-1]),
+        "rank_by": rank_by,
+        "rank_value": pytest.approx(best[0], abs=1e-5),
+    }
+    kept = load_file(tmp_path / "run" / "checkpoints" / first / "ema.safetensors")
+    assert ema.keys() == kept.keys() and all(torch.equal(ema[k], kept[k]) for k in kept)
+
+
+def test_exporting_the_best_of_a_run_with_nothing_ranked_says_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "history.json").write_text(json.dumps({"val": [], "executed": [], "top_k": []}))
+    with pytest.raises(CheckpointError, match=r"no checkpoint was ranked.*train.export: last"):
+        best_ranked_ema(tmp_path)
 
 
 def test_the_ranking_does_not_change_the_weights(dataset, tmp_path: Path) -> None:

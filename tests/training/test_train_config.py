@@ -62,6 +62,8 @@ def test_the_demo_sections_build() -> None:
         ({"warmup_steps": -1}, {}, ["warmup_steps", ">= 0"]),
         ({"grad_clip": -1.0}, {}, ["grad_clip", "> 0"]),
         ({"keep_top_k": -1}, {}, ["keep_top_k", ">= 0"]),
+        ({"export": "first"}, {}, ["train.export", "'first'", "'last', 'best'"]),
+        ({"export": "best", "keep_top_k": 0}, {}, ["export 'best'", "keep_top_k >= 1"]),
         ({"min_device_batch": 0}, {}, ["min_device_batch", ">= 1"]),
         ({"num_workers": -1}, {}, ["num_workers", ">= 0"]),
         ({"cpu_threads": 0}, {}, ["cpu_threads", ">= 1"]),

@@ -349,6 +349,24 @@ def resume_point(run_dir: Path, fallback_dir: str | None, identity: RunIdentity)
     return ResumePoint(None, None, replace_run_dir=True)
 
 
+def best_ranked_ema(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The best-ranked kept checkpoint's EMA weights (`history.json`'s top_k first, by its rank_by),
+    and what the policy's manifest records of it."""
+    history_path = Path(run_dir) / "history.json"
+    try:
+        history = TrainHistory.from_json(json.loads(history_path.read_text()))
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{history_path}: cannot read the ranking ({exc})") from None
+    if not history.top_k:
+        raise CheckpointError(
+            f"{history_path}: no checkpoint was ranked (no {history.rank_by} measured yet); "
+            "train longer than checkpoint_every, or export the last step (train.export: last)"
+        )
+    value, step, name = history.top_k[0]
+    ema = load_checkpoint(Path(run_dir) / "checkpoints" / name).ema
+    return ema, {"export": "best", "export_step": step, "rank_by": history.rank_by, "rank_value": value}
+
+
 def save_checkpoints(
     snapshot: TrainingState,
     checkpoints: Path,

@@ -61,6 +61,9 @@ class TrainConfig:
     # of the EMA weights on rank_samples fixed validation windows relative to holding still's, or
     # "val_loss". Both are recorded at every checkpoint; neither changes the weights.
     rank_by: str = "executed_error"
+    # What the policy folder holds: the last step's EMA weights, or the best-ranked checkpoint's
+    # (top_k's first by rank_by), named in the policy's manifest.
+    export: Literal["last", "best"] = "last"
     rank_samples: int = 64
     num_processes: int = 1
     # local: this machine (num_processes > 1: relaunched with torch's launcher); slurm: the stage
@@ -127,6 +130,8 @@ class TrainConfig:
                 )
         if self.rank_by not in RANK_BY:
             raise ValueError(f"rank_by must be one of {RANK_BY}, got {self.rank_by!r}")
+        if self.export == "best" and self.keep_top_k < 1:
+            raise ValueError("export 'best' needs keep_top_k >= 1: the best-ranked checkpoint is a kept one")
         if self.mixed_precision not in ("no", "bf16"):
             raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
         for name in ("ema_inv_gamma", "ema_power"):
@@ -157,6 +162,7 @@ class TrainConfig:
             "keep_top_k",
             "rank_by",
             "rank_samples",
+            "export",
             "grad_accum",
             "min_device_batch",
             "launcher",
