@@ -1,4 +1,5 @@
-"""Process pools started after the parent used OpenCV's thread pool."""
+"""Process pools started after the parent used OpenCV's thread pool, workers that die with their
+parent, and work that goes on after a worker died."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+from policypipe.processes import each_in_own_process
 from tests.leftovers import describe, group_members, wait_until_gone
 
 SCRIPT = """
@@ -61,3 +65,23 @@ def test_a_pool_worker_dies_with_its_parent_killed_by_sigkill() -> None:
         if group_members(parent.pid):
             os.killpg(parent.pid, signal.SIGKILL)
         parent.stdout.close()
+
+
+def _square_or_die(i: int) -> int:
+    if i == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if i == 4:
+        raise ValueError("four")
+    time.sleep(0.05 * (5 - i))  # later items finish first: the results still come in order
+    return i * i
+
+
+def test_each_in_own_process_answers_in_order_and_a_death_costs_its_own_item_only() -> None:
+    assert list(each_in_own_process(_square_or_die, [0, 1, 2, 3], workers=2)) == [0, 1, None, 9]
+
+
+def test_each_in_own_process_raises_what_the_function_raised() -> None:
+    results = each_in_own_process(_square_or_die, [3, 4, 5], workers=3)
+    assert next(results) == 9
+    with pytest.raises(ValueError, match="four"):
+        next(results)

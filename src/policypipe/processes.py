@@ -20,8 +20,13 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.connection import Connection, wait
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def single_threaded_opencv() -> None:
@@ -30,16 +35,73 @@ def single_threaded_opencv() -> None:
     cv2.setNumThreads(1)
 
 
+def _context() -> multiprocessing.context.BaseContext:
+    return multiprocessing.get_context(
+        "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    )
+
+
 def process_pool(workers: int, initializer: Callable[[], None] | None = None) -> ProcessPoolExecutor:
     """A pool of `workers` processes, each running OpenCV with one thread, then `initializer`."""
     single_threaded_opencv()
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     return ProcessPoolExecutor(
-        workers,
-        mp_context=multiprocessing.get_context(method),
-        initializer=_init,
-        initargs=(os.getpid(), initializer),
+        workers, mp_context=_context(), initializer=_init, initargs=(os.getpid(), initializer)
     )
+
+
+def each_in_own_process(fn: Callable[[T], R], items: Sequence[T], workers: int) -> Iterator[R | None]:
+    """`fn(item)` for every item, each in a process of its own, `workers` of them at a time; the
+    results in the order of `items`, None for an item whose process died. An exception `fn` raises
+    is raised here, once the processes still running have finished.
+
+    A pool cannot do this: one dead worker breaks the whole pool, and which item killed it is
+    unknown. Here a death costs its own item only."""
+    single_threaded_opencv()
+    context = _context()
+    results: dict[int, tuple[bool, Any] | None] = {}
+    running: dict[Connection, tuple[int, multiprocessing.process.BaseProcess]] = {}
+    todo = list(enumerate(items))[::-1]
+    done = 0
+    try:
+        while done < len(items):
+            while todo and len(running) < workers:
+                index, item = todo.pop()
+                receiver, sender = context.Pipe(duplex=False)
+                process = context.Process(target=_run_one, args=(os.getpid(), fn, item, sender), daemon=True)
+                process.start()
+                sender.close()  # the child's copy alone: its death is the pipe's end
+                running[receiver] = (index, process)
+            for receiver in wait(list(running)):
+                index, process = running.pop(receiver)
+                try:
+                    results[index] = receiver.recv()
+                except EOFError:
+                    results[index] = None  # it died before it answered
+                receiver.close()
+                process.join()
+            while done in results:
+                outcome = results.pop(done)
+                done += 1
+                if outcome is None:
+                    yield None
+                    continue
+                succeeded, value = outcome
+                if not succeeded:
+                    raise value
+                yield value
+    finally:
+        for receiver, (_, process) in running.items():
+            process.join()
+            receiver.close()
+
+
+def _run_one(parent_pid: int, fn: Callable[[Any], Any], item: Any, sender: Connection) -> None:
+    _init(parent_pid, None)
+    try:
+        outcome = (True, fn(item))
+    except BaseException as exc:  # noqa: BLE001 - the parent raises it
+        outcome = (False, exc)
+    sender.send(outcome)
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

@@ -650,22 +650,36 @@ def test_a_recording_that_kills_its_worker_process_is_excluded_and_the_others_ke
     # Stands for the kernel's out-of-memory killer or a crash inside a decoder: the worker dies.
     import policypipe.dataset.convert_workers as workers_module
 
+    spans = tmp_path / "spans"  # each finished read's start and end on the system's monotonic clock
+
     def read_streams(path: Path, topics, *numbers):
         if path.name.startswith("b_"):
             os.kill(os.getpid(), signal.SIGKILL)
-        return real_read_streams(path, topics, *numbers)
+        started = time.monotonic()
+        streams = real_read_streams(path, topics, *numbers)
+        time.sleep(0.3)  # long enough that reads in several processes at once overlap
+        with spans.open("a") as log:
+            log.write(f"{path.name} {started} {time.monotonic()}\n")
+        return streams
 
     real_read_streams = workers_module.read_streams
     monkeypatch.setattr(workers_module, "read_streams", read_streams)  # forked workers inherit it
     export = tmp_path / "export"
     export.mkdir()
-    for i, stem in enumerate(["a_good", "b_dies", "c_good", "d_good"]):
+    stems = ["a_good", "b_dies", "c_good", "d_good", "e_good", "f_good"]
+    for i, stem in enumerate(stems):
         add_recording(export, stem, 70 + i)
 
     result = convert(export, tmp_path / "ds.zarr", config=replace(CONFIG, workers=workers))
 
-    assert [e["stem"] for e in result.episodes] == ["a_good", "c_good", "d_good"]
+    assert [e["stem"] for e in result.episodes] == [s for s in stems if s != "b_dies"]
     assert [(e["stem"], e["excluded"]) for e in result.excluded] == [("b_dies", "worker_died")]
+    # After the death the recordings left go on `workers` at a time, each in a process of its own.
+    after = [
+        tuple(map(float, line.split()[1:])) for line in spans.read_text().splitlines() if line[0] in "def"
+    ]
+    most_at_once = max(sum(start <= t < end for start, end in after) for t, _ in after)
+    assert most_at_once == workers
 
 
 def test_a_renamed_recording_is_not_served_its_old_name_from_the_cache(tmp_path: Path) -> None:

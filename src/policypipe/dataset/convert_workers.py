@@ -36,7 +36,7 @@ from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.episode import CameraEpisode, build_episode, measured_frequency, missing_frames
 from policypipe.dataset.errors import DatasetError, DiskFullError, megabytes
 from policypipe.dataset.joint import build_joint_episode, joint_arrays
-from policypipe.processes import process_pool
+from policypipe.processes import each_in_own_process, process_pool
 from policypipe.recordings.aloha import ALOHA, read_aloha
 from policypipe.recordings.aloha import EpisodeSource as AlohaSource
 from policypipe.recordings.hdf5 import DemoSource, read_demo_streams
@@ -230,33 +230,31 @@ def convert_recordings(
     # out-of-memory killer, a crash inside a decoder) must not take the stage with it.
     workers = min(config.workers or os.cpu_count() or 1, max(len(inputs), 1))
     # Forked: nothing here has started zarr's I/O thread yet (the store is written after).
+    records: list[dict[str, Any]] = []
     with process_pool(workers) as pool:
         futures = [pool.submit(convert_recording, r, config, cache_dir) for r in inputs]
-        records = []
         try:
-            for rec, future in zip(inputs, futures):
-                try:
-                    record = future.result()
-                except BrokenProcessPool:
-                    # A worker died (the kernel's out-of-memory killer, a crash inside a decoder):
-                    # the pool is gone and which recording killed it is unknown. Every recording
-                    # not finished yet gets a process of its own, so only the culprit is lost.
-                    record = _convert_in_own_process(rec, config, cache_dir)
-                records.append(_report(progress, record))
+            for future in futures:
+                records.append(_report(progress, future.result()))
+        except BrokenProcessPool:
+            pass  # a worker died: below
         except BaseException:
             # A full disk (or Ctrl-C): recordings not started yet never start; running ones fail
             # on the same disk, or finish, and remove their own temporary files before the pool is left.
             pool.shutdown(wait=True, cancel_futures=True)
             raise
-        return records
+    # A worker died (the kernel's out-of-memory killer, a crash inside a decoder): the pool is gone
+    # and which recording killed it is unknown. Every recording not reported yet gets a process of
+    # its own, still `workers` at a time, so only the culprit is lost (one done already is a cache hit).
+    remaining = inputs[len(records) :]
+    convert_one = partial(convert_recording, config=config, cache_dir=cache_dir)
+    for rec, record in zip(remaining, each_in_own_process(convert_one, remaining, workers)):
+        records.append(_report(progress, _died(rec, config) if record is None else record))
+    return records
 
 
-def _convert_in_own_process(rec: RecordingInput, config: ConvertConfig, cache_dir: Path) -> dict[str, Any]:
-    with process_pool(1) as pool:
-        try:
-            return pool.submit(convert_recording, rec, config, cache_dir).result()
-        except BrokenProcessPool:
-            log.error("%s: the conversion process died", rec.vio_path)
+def _died(rec: RecordingInput, config: ConvertConfig) -> dict[str, Any]:
+    log.error("%s: the conversion process died", rec.vio_path)
     # Not cached: a machine with more memory, or a fixed decoder, tries again.
     return record_of(rec, cache_key(rec, config)) | {
         "excluded": "worker_died",
