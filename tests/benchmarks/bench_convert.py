@@ -370,9 +370,10 @@ def codec_docs(rows: list[tuple[str, float, float]], frames: int, image_size: tu
     ]
     sizes = {name: size for name, size, _ in rows}
     chosen_size, chosen_us = next((size, us) for name, size, us in rows if "chosen" in name)
+    lossless = min(sizes[n] for n in LOSSLESS if n in sizes)
     table += [
         "",
-        f"JPEG q95 (`convert.jpeg_quality`) is {min(sizes[n] for n in LOSSLESS if n in sizes) / chosen_size:.1f}x smaller "
+        f"JPEG q95 (`convert.jpeg_quality`) is {lossless / chosen_size:.1f}x smaller "
         f"than the best lossless codec; decoding a frame costs {chosen_us / 1000:.2f} ms, which a "
         "DataLoader worker hides behind a training step.",
     ]
