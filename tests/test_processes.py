@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from policypipe.processes import each_in_own_process
+from policypipe.processes import each_in_own_process, process_pool
 from tests.leftovers import describe, group_members, wait_until_gone
 
 SCRIPT = """
@@ -85,3 +85,21 @@ def test_each_in_own_process_raises_what_the_function_raised() -> None:
     assert next(results) == 9
     with pytest.raises(ValueError, match="four"):
         next(results)
+
+
+def _append_after_a_while(path: str) -> None:
+    time.sleep(0.2)
+    with open(path, "a") as log:
+        log.write("ran\n")
+
+
+def test_a_pool_left_by_an_exception_runs_no_task_not_started_and_waits_for_the_running(tmp_path) -> None:
+    log = tmp_path / "log"
+    with pytest.raises(KeyboardInterrupt), process_pool(1) as pool:
+        futures = [pool.submit(_append_after_a_while, str(log)) for _ in range(5)]
+        time.sleep(0.1)  # the first one is running
+        raise KeyboardInterrupt
+    # The running one finished before the pool was left, and at most the one the pool had handed its
+    # worker's queue already (concurrent.futures queues one call ahead); the other three never ran.
+    assert log.read_text() in ("ran\n", "ran\nran\n")
+    assert sum(f.cancelled() for f in futures) >= 3

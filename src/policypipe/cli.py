@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -768,9 +769,16 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (UsageError, ValueError, OSError, *loaded)
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    # SIGTERM (`kill`, a scheduler stopping the job) unwinds as Ctrl-C does, so a command removes
+    # what it half wrote (a round of corrections, an import) instead of leaving it in the export.
+    sys.exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # `serve` installs its own
     try:
         return args.func(args)
     except Exception as exc:

@@ -41,12 +41,20 @@ def _context() -> multiprocessing.context.BaseContext:
     )
 
 
+class _Pool(ProcessPoolExecutor):
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        # Left by an exception (a full disk, Ctrl-C, SIGTERM): the tasks not started never start, and
+        # the running ones finish (or fail the same way), so the caller's cleanup after the pool is
+        # left races no worker. A plain pool would run every task still queued first.
+        self.shutdown(wait=True, cancel_futures=exc_type is not None)
+        return False
+
+
 def process_pool(workers: int, initializer: Callable[[], None] | None = None) -> ProcessPoolExecutor:
-    """A pool of `workers` processes, each running OpenCV with one thread, then `initializer`."""
+    """A pool of `workers` processes, each running OpenCV with one thread, then `initializer`. Left
+    by an exception, it cancels the tasks not started and waits for the running ones."""
     single_threaded_opencv()
-    return ProcessPoolExecutor(
-        workers, mp_context=_context(), initializer=_init, initargs=(os.getpid(), initializer)
-    )
+    return _Pool(workers, mp_context=_context(), initializer=_init, initargs=(os.getpid(), initializer))
 
 
 def each_in_own_process(fn: Callable[[T], R], items: Sequence[T], workers: int) -> Iterator[R | None]:

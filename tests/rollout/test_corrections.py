@@ -5,6 +5,11 @@ first frame is the policy's state and whose status names the round and the polic
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +25,7 @@ from policypipe.recordings.pairing import PairConfig, pair_export
 from policypipe.rollout import corrections
 from policypipe.rollout.corrections import CorrectionConfig, session_folder, write_corrections
 from policypipe.runtime.runner import PolicyRunner
+from tests.leftovers import group_members, wait_until_gone
 from tests.runtime.test_runner import pipeline  # noqa: F401
 
 CONFIG = CorrectionConfig(round=1, episodes=2, takeover_every_s=4.0)
@@ -105,3 +111,30 @@ def test_bad_round_settings_are_refused_in_words(tmp_path: Path) -> None:
         CorrectionConfig(round=1, takeover_every_s=0.1)
     with pytest.raises(FileNotFoundError, match="is not an export folder"):
         write_corrections(tmp_path / "policy", tmp_path / "missing", CONFIG)
+
+
+@pytest.mark.slow
+def test_a_round_stopped_by_sigterm_leaves_nothing_in_the_export(pipeline, tmp_path: Path) -> None:  # noqa: F811
+    # `kill` or a scheduler's stop: what the round half wrote must not stay where `dvc add` finds it.
+    export = tmp_path / "export"
+    export.mkdir()
+    command = [sys.executable, "-m", "policypipe.cli", "corrections", str(pipeline.policy), str(export)]
+    process = subprocess.Popen(
+        [*command, "--round", "1", "--episodes", "8", "--workers", "1"],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not list(export.glob(".corrections_round_01.*.partial")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(export.glob(".corrections_round_01.*.partial")), "the round never started"
+        process.send_signal(signal.SIGTERM)  # the command alone, as `kill PID` does
+        assert process.wait(timeout=120) == 128 + signal.SIGTERM, process.stderr.read()
+        assert not wait_until_gone(lambda: group_members(process.pid), 10)
+        assert list(export.iterdir()) == []
+    finally:
+        if group_members(process.pid):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.stderr.close()

@@ -233,16 +233,13 @@ def convert_recordings(
     records: list[dict[str, Any]] = []
     with process_pool(workers) as pool:
         futures = [pool.submit(convert_recording, r, config, cache_dir) for r in inputs]
+        # A full disk (or Ctrl-C) leaves the pool: recordings not started yet never start; running
+        # ones fail on the same disk, or finish, and remove their own temporary files before it is left.
         try:
             for future in futures:
                 records.append(_report(progress, future.result()))
         except BrokenProcessPool:
             pass  # a worker died: below
-        except BaseException:
-            # A full disk (or Ctrl-C): recordings not started yet never start; running ones fail
-            # on the same disk, or finish, and remove their own temporary files before the pool is left.
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
     # A worker died (the kernel's out-of-memory killer, a crash inside a decoder): the pool is gone
     # and which recording killed it is unknown. Every recording not reported yet gets a process of
     # its own, still `workers` at a time, so only the culprit is lost (one done already is a cache hit).
