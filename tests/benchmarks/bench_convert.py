@@ -45,7 +45,7 @@ from policypipe.dataset.store_writer import assemble_store
 from policypipe.lineage.code import module_code_sha256
 from policypipe.processes import process_pool
 from policypipe.recordings.layout import Role
-from policypipe.recordings.pairing import PairConfig, pair_export
+from policypipe.recordings.pairing import PairConfig, PairingResult, pair_export
 from policypipe.recordings.streams import read_streams
 from policypipe.synthetic.export import SampleConfig, write_sample_export
 from policypipe.synthetic.motion import plan_motion
@@ -116,7 +116,7 @@ def cost_breakdown(
     scratch.mkdir()
     for i, path in enumerate(vio_paths):
         streams = timed(READ, read_streams, path, config.topics)
-        decoded = timed(DECODE, decode_frames, streams, config.image_size)
+        decoded = timed(DECODE, decode_frames, streams.cameras[0], config.image_size)
         # Decoded once: the episode's own work is timed without decoding again, and the cache
         # entry's without encoding again.
         with mock.patch.object(episode, "decode_frames", lambda *_, d=decoded: d):
@@ -380,15 +380,26 @@ def codec_docs(rows: list[tuple[str, float, float]], frames: int, image_size: tu
     return "\n".join(table)
 
 
-def codecs_into_docs(tmp: Path, docs: Path) -> None:
-    """Measures the codec table alone, on two sample recordings' stored frames, into `docs`."""
-    export = write_sample_export(tmp / "raw", SampleConfig(recordings=2, seed=1, defects=False)).root
+def paired_sample(tmp: Path, recordings: int) -> tuple[Path, PairingResult, Path]:
+    """A sample export of `recordings` (seed 1, no defects) in `tmp`, its pairing and manifest."""
+    export = write_sample_export(tmp / "raw", SampleConfig(recordings=recordings, seed=1, defects=False)).root
     result = pair_export(export, PairConfig())
     manifest = tmp / "manifest.json"
     write_json_atomic(manifest, result.manifest())
+    return export, result, manifest
+
+
+def stored_frames(store: Path) -> np.ndarray:
+    """The frames the codec table measures: the first 500 stored."""
+    return zarr.open_group(store, mode="r")[layout.RGB][:500]
+
+
+def codecs_into_docs(tmp: Path, docs: Path) -> None:
+    """Measures the codec table alone, on two sample recordings' stored frames, into `docs`."""
+    export, _, manifest = paired_sample(tmp, recordings=2)
     config = ConvertConfig()
     timed_convert(manifest, export, tmp / "one.zarr", replace(config, workers=1))
-    sample = zarr.open_group(tmp / "one.zarr", mode="r")[layout.RGB][:500]
+    sample = stored_frames(tmp / "one.zarr")
     text = codec_docs(codec_table(sample), len(sample), config.image_size)
     replace_block(docs, "codecs", text)
     print(text)
@@ -414,12 +425,7 @@ def main() -> None:
         if args.only_rss:
             recording_rss_table(tmp)
             return
-        export = write_sample_export(
-            tmp / "raw", SampleConfig(recordings=args.recordings, seed=1, defects=False)
-        ).root
-        result = pair_export(export, PairConfig())
-        manifest = tmp / "manifest.json"
-        write_json_atomic(manifest, result.manifest())
+        export, result, manifest = paired_sample(tmp, args.recordings)
         config = ConvertConfig()
         vio = [export / r.files[Role.VIO].path for r in result.recordings]
 
@@ -466,7 +472,7 @@ def main() -> None:
             f"  peak RSS, {few} vs {many} recordings  {rss_few:6.0f} MB vs {rss_many:.0f} MB "
             f"(ratio {rss_many / rss_few:.2f}; bounded: ~1)"
         )
-        sample = zarr.open_group(tmp / "one.zarr", mode="r")[layout.RGB][:500]
+        sample = stored_frames(tmp / "one.zarr")
         print(f"image codecs on {len(sample)} stored frames at {config.image_size}:")
         for name, size, decode_us in codec_table(sample):
             print(f"  {name:20s} {size:8.0f} B/frame   decode {decode_us:7.1f} us/frame")
