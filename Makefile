@@ -40,13 +40,19 @@ demo: $(STAMP)
 	fi
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
+# Tests run in TEST_WORKERS processes (pytest-xdist): much of the suite waits on subprocesses,
+# servers and Slurm, so two processes keep 2 cores busy. loadgroup keeps the tests that share an
+# expensive session fixture in one process (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+PYTEST := PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+
 # The whole suite, end-to-end, Slurm and SSH tests included: what CI runs.
 test: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+	$(PYTEST)
 
 # Unit tests only, for the edit-run loop: no DVC pipeline runs, no servers, no Slurm.
 test-fast: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -m "not slow and not slurm"
+	$(PYTEST) -m "not slow and not slurm"
 
 # ruff's lint and format checks (pyproject.toml, [tool.ruff]); `ruff format .` applies the format.
 lint: $(STAMP)

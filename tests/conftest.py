@@ -124,6 +124,21 @@ def pipeline_repo(tmp_path_factory) -> Path:
     return repo
 
 
+# `make test` runs the suite in two processes (pytest-xdist, --dist loadgroup). A session fixture
+# is built once per process that uses it, so the tests that share an expensive one go to one
+# process: one Slurm cluster (a second would fight the first for the node's CPUs), one
+# `dvc repro` for pipeline_repo.
+SHARED_FIXTURE_GROUPS = {"slurm_cluster": "slurm", "pipeline_repo": "pipeline_repo"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, group in SHARED_FIXTURE_GROUPS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
 def require_installed(problem: str | None) -> None:
     """Skips the test when a server it needs (sshd, Slurm) is missing and cannot be installed;
     fails instead under CI, which runs as root and can install it: a skip there would hide tests."""

@@ -21,6 +21,10 @@ from tests.workspace import SMALL_MODEL, env, run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
+# The unit tests' tiny model (on this repo's 96x96 frames): what is tested is the launch, the
+# signals and the resume, not what the model learns; the demo's U-Net made a loaded 2-core machine
+# take 4 minutes over the first test alone.
+TINY = {k: v for k, v in SMALL_MODEL.items() if k not in ("image_size", "crop_size")}
 SHORT = {
     "steps": 40,
     "batch_size": 8,
@@ -28,6 +32,7 @@ SHORT = {
     "val_batches": 1,
     "checkpoint_every": 10,
     "num_workers": 2,
+    "model": TINY,
 }
 
 
@@ -154,10 +159,7 @@ def test_two_processes_in_one_job_form_one_process_group_like_a_local_launch(
     """Ranks, world size and the rendezvous from Slurm's environment: the same weights as the
     same two processes started on this machine by torch's launcher (one node here; several
     nodes differ only in MASTER_ADDR being the first of them)."""
-    # The unit tests' tiny model (on this repo's 96x96 frames): what is compared is the launch, and
-    # two launches of the demo's size spent most of this test's time in the U-Net.
-    tiny = {k: v for k, v in SMALL_MODEL.items() if k not in ("image_size", "crop_size")}
-    two = {"steps": 12, "num_processes": 2, "cpu_threads": 1, "num_workers": 0, "model": tiny}
+    two = {"steps": 12, "num_processes": 2, "cpu_threads": 1, "num_workers": 0, "model": TINY}
     # The cancelled run of the test before is unfinished, and another setup: training would refuse
     # to replace it, as it says. Started fresh here, as its message asks.
     shutil.rmtree(repo / "data/train", ignore_errors=True)
