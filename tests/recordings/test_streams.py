@@ -29,7 +29,7 @@ from policypipe.config import ConfigError, from_mapping
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.episode import build_episode
 from policypipe.recordings.messages import RecordingError, Topics
-from policypipe.recordings.streams import Streams, read_streams
+from policypipe.recordings.streams import FramesInFile, Streams, read_streams
 from policypipe.synthetic.export import SampleConfig, write_sample_export
 from policypipe.synthetic.motion import plan_motion
 from policypipe.synthetic.recording import StreamTiming, write_vio_mcap
@@ -255,6 +255,16 @@ def assert_kept(streams, kept: dict[str, list[int]]) -> None:
     assert streams.width_ns.tolist() == kept["width"]
 
 
+def assert_read_again_alike(path: Path, streams) -> None:
+    """Frames not held (`hold_frames=False`, `policypipe predict`'s reading) are read again from the
+    file one at a time: the same frames as those held, the same damage skipped."""
+    lazy = read_streams(path, Topics(), hold_frames=False)
+    assert isinstance(lazy.cameras[0].data, FramesInFile)
+    assert len(lazy.camera_data) == len(streams.camera_data)
+    assert list(lazy.camera_data) == streams.camera_data
+    assert np.array_equal(lazy.camera_ns, streams.camera_ns) and lazy.lost == streams.lost
+
+
 @pytest.fixture(scope="module")
 def items(recording: Path) -> list[Item]:
     return read_items(recording)
@@ -304,6 +314,7 @@ def test_a_damaged_chunk_is_skipped_and_counted_and_every_other_chunk_is_kept(
     assert_kept(streams, kept)
     assert streams.lost == lost and set(lost) == {"camera", "pose", "width"}
     assert len(streams.camera_data) == len(kept["camera"])
+    assert_read_again_alike(path, streams)
     why = {
         "records": "",
         "compressed stream": "cannot decompress",
@@ -440,6 +451,7 @@ def test_one_bad_message_is_skipped_and_counted_and_reading_goes_on(
         assert np.array_equal(getattr(streams, name), getattr(reference, name)), name
     assert streams.camera_data == reference.camera_data
     assert streams.lost == {stream: 1}
+    assert_read_again_alike(path, streams)
     assert len(streams.damage) == 1 and streams.damage[0].startswith(
         f"{stream}: skipped 1 message(s) on {topic}: "
     )
@@ -551,6 +563,7 @@ def test_without_a_summary_a_damaged_chunk_is_skipped_and_every_chunk_after_it_i
     assert streams.truncated is None
     assert_kept(streams, kept)
     assert len(streams.camera_data) == len(kept["camera"])
+    assert_read_again_alike(path, streams)
     # Without a message index its messages cannot be counted: the line says so, and where and
     # when the chunk was.
     assert streams.lost == {}
@@ -832,3 +845,14 @@ def test_every_real_public_mcap_is_a_missing_topic(tmp_path: Path) -> None:
             read_streams(sample, Topics())
         assert info.value.reason == "missing_topic", sample.name
         assert "no messages on /camera0/image or /camera0/video" in str(info.value), sample.name
+
+
+def test_frames_not_held_are_refused_when_the_file_changed_between_the_readings(
+    items: list[Item], tmp_path: Path
+) -> None:
+    path = write_items(tmp_path / "r_vio.mcap", items)
+    streams = read_streams(path, Topics(), hold_frames=False)
+    at = with_camera_at(items, 5)
+    write_items(path, items[:at])  # rewritten meanwhile: five frames left
+    with pytest.raises(RecordingError, match="5 frames on /camera0/image on a second reading"):
+        list(streams.camera_data)

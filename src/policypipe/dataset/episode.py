@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import av
@@ -225,26 +226,42 @@ class DecodedFrames:
 
 
 def decode_frames(camera: CameraStream, image_size: tuple[int, int]) -> DecodedFrames:
-    """Decodes and resizes one frame at a time into an output of the stored size.
-
-    Memory holds one full-resolution frame at a time (plus the H.264 decoder's own reference
-    frames), never all of them: 60 frames of 8000x6000 would be 8.6 GB.
-    H.264 frames are matched to their messages through the packet timestamp the decoder hands
-    back, never by position: a frame the decoder drops must not shift every later frame.
-    """
+    """Every frame of `camera`, decoded and resized into an output of the stored size, one frame
+    at a time (`each_decoded_frame`)."""
     w, h = image_size
     # np.zeros: the pages of frames that are never written are never touched.
     rgb = np.zeros((len(camera.data), h, w, 3), np.uint8)
+    dropped: list[str | None] = [UNDECODABLE] * len(camera.data)
+    for index, frame, reason in each_decoded_frame(camera, image_size):
+        if frame is not None:
+            rgb[index] = frame
+        dropped[index] = reason
+    return DecodedFrames(capture_ns=camera.ns, rgb=rgb, dropped=dropped)
+
+
+def each_decoded_frame(
+    camera: CameraStream, image_size: tuple[int, int] | None
+) -> Iterator[tuple[int, np.ndarray | None, str | None]]:
+    """(message index, RGB frame or None, why not: UNDECODABLE, REFERENCE_LOST or None) once for
+    every message of `camera`, resized to `image_size` (None: the camera's own resolution).
+
+    Convert's decoder loop, and `policypipe predict`'s. Memory holds one full-resolution frame at a
+    time (plus the H.264 decoder's own reference frames), never all of them: 60 frames of
+    8000x6000 would be 8.6 GB. Stills come in file order; H.264 frames in the order the decoder
+    hands them back (with B-frames, not file order), matched to their messages through the packet
+    timestamp, never by position: a frame the decoder drops must not shift every later frame.
+    """
     if camera.format == "h264":
-        dropped = _decode_h264(camera.data, rgb)
+        yield from _decode_h264(camera.data, image_size)
     elif camera.format == "rgb":  # raw rows of an HDF5 source: resized only
-        for frame, out in zip(camera.data, rgb):
-            out[:] = resize_frame(np.asarray(frame), (w, h))
-        dropped = [None] * len(camera.data)
+        for index, frame in enumerate(camera.data):
+            frame = np.asarray(frame)
+            yield index, frame if image_size is None else resize_frame(frame, image_size), None
     else:
         swap = camera.format != "jpeg_rgb"
-        dropped = [_decode_still_into(data, out, swap) for data, out in zip(camera.data, rgb)]
-    return DecodedFrames(capture_ns=camera.ns, rgb=rgb, dropped=dropped)
+        for index, data in enumerate(camera.data):
+            frame = _decode_still(data, image_size, swap)
+            yield index, frame, UNDECODABLE if frame is None else None
 
 
 def decode_still_bgr(data: bytes) -> np.ndarray | None:
@@ -259,21 +276,23 @@ def decode_still_bgr(data: bytes) -> np.ndarray | None:
         return None
 
 
-def _decode_still_into(data: bytes, out: np.ndarray, swap: bool = True) -> str | None:
-    """Decodes one JPEG/PNG into `out` (H, W, 3) RGB; returns why not, or None. `swap` false: the
-    image was encoded from an RGB array as if BGR, so OpenCV's decoded order is RGB already."""
+def _decode_still(data: bytes, image_size: tuple[int, int] | None, swap: bool = True) -> np.ndarray | None:
+    """One JPEG/PNG as RGB at `image_size` (None: its own), or None. `swap` false: the image was
+    encoded from an RGB array as if BGR, so OpenCV's decoded order is RGB already."""
     bgr = decode_still_bgr(data)
     if bgr is None:
-        return UNDECODABLE
+        return None
     # Resize first, then swap channels: both work on each channel alone, so the bytes are the
     # same as swap-then-resize, and no second full-resolution buffer is made.
-    small = resize_frame(bgr, (out.shape[1], out.shape[0]))
-    out[:] = cv2.cvtColor(small, cv2.COLOR_BGR2RGB) if swap else small
-    return None
+    small = bgr if image_size is None else resize_frame(bgr, image_size)
+    return cv2.cvtColor(small, cv2.COLOR_BGR2RGB) if swap else small
 
 
-def _decode_h264(packets: list[bytes], out: np.ndarray) -> list[str | None]:
-    """Decodes the stream in file order into `out` (M, H, W, 3); returns the reason per message.
+def _decode_h264(
+    packets: Sequence[bytes], image_size: tuple[int, int] | None
+) -> Iterator[tuple[int, np.ndarray | None, str | None]]:
+    """Decodes the stream in file order; yields (message index, frame, reason) as
+    `each_decoded_frame` does.
 
     A P or B picture decodes against earlier reference pictures. After a lost reference, or a
     packet the decoder fails on, every picture up to the next IDR decodes against the wrong
@@ -288,16 +307,20 @@ def _decode_h264(packets: list[bytes], out: np.ndarray) -> list[str | None]:
     codec = av.CodecContext.create("h264", "r")
     codec.thread_count = 1  # decoded pixels must not depend on the machine's core count
     count = len(packets)
-    dropped: list[str | None] = [UNDECODABLE] * count  # until the decoder hands the frame back
     reference_lost = np.zeros(count, dtype=bool)
+    handed_back = np.zeros(count, dtype=bool)
 
-    def collect(frames: list[av.VideoFrame]) -> None:
+    def collect(frames: list[av.VideoFrame]) -> Iterator[tuple[int, np.ndarray | None, str | None]]:
         for frame in frames:
             index = -1 if frame.pts is None else int(frame.pts)
-            if 0 <= index < count and not reference_lost[index]:
-                # rgb24 at full size, then the same resize as a still: one full-size frame alive.
-                out[index] = resize_frame(frame.to_ndarray(format="rgb24"), (out.shape[2], out.shape[1]))
-                dropped[index] = None
+            if 0 <= index < count and not handed_back[index]:
+                handed_back[index] = True
+                if reference_lost[index]:
+                    yield index, None, REFERENCE_LOST
+                else:
+                    # rgb24 at full size, then the same resize as a still: one full-size frame alive.
+                    rgb = frame.to_ndarray(format="rgb24")
+                    yield index, rgb if image_size is None else resize_frame(rgb, image_size), None
 
     # The decoder failed on a packet since the last IDR: what that cost its references does
     # not show in the bitstream, so everything up to the next IDR is suspect.
@@ -313,17 +336,20 @@ def _decode_h264(packets: list[bytes], out: np.ndarray) -> list[str | None]:
         packet = av.Packet(data)
         packet.pts = packet.dts = index  # the message's identity travels with the packet
         try:
-            collect(codec.decode(packet))
+            decoded = codec.decode(packet)
         except av.error.FFmpegError as exc:
             # With its references intact the packet's own bytes are at fault (UNDECODABLE); with
             # them lost the failure is theirs.
             log.debug("undecodable H.264 packet %d: %s", index, exc)
             decoder_failed = True
+            continue
+        yield from collect(decoded)
     try:
-        collect(codec.decode(None))
+        yield from collect(codec.decode(None))
     except av.error.FFmpegError:
         pass
-    return [REFERENCE_LOST if lost else reason for lost, reason in zip(reference_lost, dropped)]
+    for index in np.flatnonzero(~handed_back):
+        yield int(index), None, REFERENCE_LOST if reference_lost[index] else UNDECODABLE
 
 
 def resize_frame(image: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:

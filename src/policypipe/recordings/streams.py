@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,8 +70,9 @@ class CameraStream:
     topic: str  # which of the camera's candidate topics was used
     ns: np.ndarray  # int64 (M,), capture time of each message, file order
     # (M,) compressed frames; for "rgb", (H, W, 3) uint8 arrays (an HDF5 source's raw rows, read
-    # when decoded: a sequence that reads its file row by row serves as well as a list)
-    data: Sequence
+    # when decoded: a sequence that reads its file row by row serves as well as a list). Decoding
+    # iterates it in order, so a `FramesInFile` (read_streams' hold_frames=False) serves too.
+    data: Sequence | FramesInFile
     # "jpeg" | "png" | "h264"; "rgb": raw rows; "jpeg_rgb": JPEG or PNG of RGB arrays encoded as if
     # BGR (OpenCV's imencode on an RGB array, as ACT's and RDT's HDF5 writers do)
     format: str
@@ -166,27 +167,90 @@ class Streams:
 
 
 def read_streams(
-    path: Path, topics: Topics, grippers: tuple[int, ...] = (0,), cameras: tuple[int, ...] = (0,)
+    path: Path,
+    topics: Topics,
+    grippers: tuple[int, ...] = (0,),
+    cameras: tuple[int, ...] = (0,),
+    hold_frames: bool = True,
 ) -> Streams:
-    """The streams of `grippers` and `cameras` (camera 0 among them) in the `_vio.mcap` at `path`."""
-    reading = _Reading(topics, grippers, cameras)
+    """The streams of `grippers` and `cameras` (camera 0 among them) in the `_vio.mcap` at `path`.
+
+    `hold_frames` false: each camera's `data` is a `FramesInFile`, which reads the compressed
+    frames from the file again, one at a time, when iterated: memory holds the capture times and
+    the samples, never the frames (a long recording's are gigabytes)."""
+    reading = _Reading(topics, grippers, cameras, hold_frames)
+    try:
+        for schema_name, channel, message in _file_messages(path, reading.losses):
+            reading.add(schema_name, channel, message)
+    except RecordingError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to read records past this point is damage to the file
+        reading.stopped = _why_stopped(exc)
+    streams = reading.finish(path)
+    if not hold_frames:
+        for camera in streams.cameras.values():
+            camera.data = FramesInFile(path, camera.topic, len(camera.ns))
+    return streams
+
+
+def _file_messages(path: Path, losses: ChunkLosses) -> Iterator[tuple[str, Channel, Message]]:
+    """(schema name, channel, message) of every message in file order; damaged chunks to `losses`."""
     with open(path, "rb") as f:
         summary = chunk_summary(f, path)
         f.seek(0)
-        if summary is None:
-            messages = sequential_messages(f, reading.losses)
-        else:
-            messages = indexed_messages(f, summary, reading.losses)
+        messages = sequential_messages(f, losses) if summary is None else indexed_messages(f, summary, losses)
+        for schema, channel, message in messages:
+            yield (schema.name if schema is not None else ""), channel, message
+
+
+def _why_stopped(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, ReadingStopped) else f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class FramesInFile:
+    """A camera topic's compressed frames, read from the file when iterated, in file order, one at
+    a time: the frames `read_streams` would have held, by the same reading (the same damaged chunks
+    skipped, the same bad messages left out), so frame i is the one captured at the stream's ns[i]."""
+
+    path: Path
+    topic: str
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[bytes]:
+        read = 0
         try:
-            for schema, channel, message in messages:
-                reading.add(schema.name if schema is not None else "", channel, message)
-        except RecordingError:
-            raise
-        except ReadingStopped as exc:
-            reading.stopped = str(exc)
-        except Exception as exc:  # noqa: BLE001 - any failure to read records past this point is damage to the file
-            reading.stopped = f"{type(exc).__name__}: {exc}"
-    return reading.finish(path)
+            for schema_name, channel, message in _file_messages(self.path, ChunkLosses()):
+                if read == self.count:
+                    return
+                if channel.topic != self.topic or schema_name not in (IMAGE_SCHEMA, VIDEO_SCHEMA):
+                    continue
+                try:
+                    _, data, _ = camera_frame(schema_name, message.data)
+                except BadMessage:
+                    continue
+                read += 1
+                yield data
+        except Exception as exc:  # noqa: BLE001 - as read_streams: where the first reading stopped too
+            stopped = _why_stopped(exc)
+        else:
+            stopped = "the end of the file"
+        if read != self.count:
+            raise RecordingError(
+                "changed_while_read",
+                f"{self.path}: {read} frames on {self.topic} on a second reading, {self.count} on the "
+                f"first (stopped at {stopped}): was the file written to meanwhile?",
+            )
+
+
+def camera_frame(schema_name: str, data: bytes) -> tuple[int, bytes, str]:
+    """A CompressedImage's or CompressedVideo's capture time, frame bytes and format; BadMessage
+    for bytes that are not the message or a capture time beyond int64 nanoseconds."""
+    msg = parse_message(CompressedImage if schema_name == IMAGE_SCHEMA else CompressedVideo, data)
+    return checked_stamp(msg.timestamp), msg.data, msg.format
 
 
 # ---------------------------------------------------------------- messages -> streams
@@ -221,11 +285,14 @@ class _Skipped:
 class _Reading:
     """Collects messages in file order into streams, and everything lost on the way."""
 
-    def __init__(self, topics: Topics, grippers: tuple[int, ...], cameras: tuple[int, ...]) -> None:
+    def __init__(
+        self, topics: Topics, grippers: tuple[int, ...], cameras: tuple[int, ...], hold_frames: bool = True
+    ) -> None:
         if 0 not in cameras:
             raise ValueError(f"cameras={list(cameras)}: camera 0 is the dataset's clock and must be read")
         self.topics = topics
         self.grippers = grippers
+        self.hold_frames = hold_frames
         # (kind, number) -> its candidate topics, in order of preference
         self.candidates: dict[tuple[str, int], tuple[str, ...]] = {
             **{("camera", k): topics.camera_candidates(k) for k in cameras},
@@ -277,15 +344,15 @@ class _Reading:
             camera.wrong_schema = camera.wrong_schema or schema_name
             return
         try:
-            msg = parse_message(CompressedImage if schema_name == IMAGE_SCHEMA else CompressedVideo, data)
-            stamp = checked_stamp(msg.timestamp)
+            stamp, frame, image_format = camera_frame(schema_name, data)
         except BadMessage as exc:
             self._skip(topic, exc.kind, exc.detail)
             return
         camera.ns.append(stamp)
-        camera.data.append(msg.data)  # a zero-length frame stays: the decoder counts it as undecodable
-        if msg.format:  # a message without a format (an empty one) says nothing about the others
-            camera.formats.add(msg.format.lower())
+        if self.hold_frames:
+            camera.data.append(frame)  # a zero-length frame stays: the decoder counts it as undecodable
+        if image_format:  # a message without a format (an empty one) says nothing about the others
+            camera.formats.add(image_format.lower())
 
     def _add_pose(self, schema_name: str, topic: str, data: bytes) -> None:
         try:
