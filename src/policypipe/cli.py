@@ -658,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Stream a recording's observations through the policy's runtime in capture-time order, "
         "as a robot would feed them, and write each predicted chunk as Foxglove messages on the "
         "recording's clock: /policy/predicted (all horizon targets), /policy/executed (the steps a robot "
-        "runs), /policy/width. The same seed gives the same bytes.",
+        "runs), /policy/width; gripper i >= 1's under /robot{i}. The same seed gives the same bytes.",
     )
     p.add_argument("policy", type=Path, metavar="POLICY", help="an exported policy folder (data/policy)")
     p.add_argument("recording", type=Path, metavar="RECORDING", help="a recording's _vio.mcap")

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import tracemalloc
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -308,3 +310,60 @@ def test_a_bad_pose_sample_is_refused_where_a_chunk_needs_it_and_predicting_goes
     assert [t for t in summary.observation_ns if t < bad] == [t for t in good if t < bad]
     assert good[len(good) // 2] not in summary.observation_ns
     assert summary.observation_ns[-1] > bad and summary.chunks >= len(good) - 1
+
+
+def with_large_frames(vio: Path, out: Path, frames: int, size: tuple[int, int]) -> int:
+    """A copy of `vio` with its first `frames` camera frames replaced by PNGs of noise of `size`
+    (width, height) and the later ones left out; the bytes of those frames."""
+    factory, rng, total, seen = DecoderFactory(), np.random.default_rng(0), 0, 0
+    with open(vio, "rb") as f, open(out, "wb") as g:
+        writer = Writer(g)
+        writer.start()
+        schemas, channels = {}, {}
+        for schema, channel, message in make_reader(f).iter_messages(log_time_order=False):
+            if schema.id not in schemas:
+                schemas[schema.id] = writer.register_schema(schema.name, schema.encoding, schema.data)
+            if channel.id not in channels:
+                channels[channel.id] = writer.register_channel(
+                    channel.topic, channel.message_encoding, schemas[schema.id]
+                )
+            data = message.data
+            if channel.topic == "/camera0/image":
+                if seen == frames:
+                    continue
+                msg = factory.decoder_for("protobuf", schema)(data)
+                noise = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+                msg.data, msg.format = cv2.imencode(".png", noise)[1].tobytes(), "png"
+                data = msg.SerializeToString()
+                total += len(msg.data)
+                seen += 1
+            writer.add_message(channels[channel.id], message.log_time, data, message.publish_time)
+        writer.finish()
+    return total
+
+
+def test_predicting_holds_a_few_frames_never_the_recordings(
+    pipeline: Pipeline, validation: Path, tmp_path: Path
+) -> None:
+    def peak_and_frame_bytes(frames: int) -> tuple[int, int]:
+        vio = tmp_path / f"{frames}_vio.mcap"
+        compressed = with_large_frames(validation, vio, frames, size=(240, 180))  # 130 KB a frame
+        tracemalloc.start()
+        try:
+            summary = predict_recording(
+                pipeline.policy, vio, tmp_path / "p.mcap", PredictConfig(max_chunks=8)
+            )
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert summary.chunks == 8
+        return peak, compressed
+
+    short, long = peak_and_frame_bytes(40), peak_and_frame_bytes(160)
+    # A few decoded frames and the file's chunk being read (about 1 MB, a few copies of it) are
+    # held, whatever the recording's length: 120 more frames (16 MB) add nothing like their bytes.
+    added = long[1] - short[1]
+    assert long[0] - short[0] < added / 10, (
+        f"peak {short[0] / 1e6:.1f} MB with {short[1] / 1e6:.1f} MB of frames, "
+        f"{long[0] / 1e6:.1f} MB with {long[1] / 1e6:.1f} MB"
+    )

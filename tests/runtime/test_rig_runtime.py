@@ -12,6 +12,8 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from mcap.reader import make_reader
+from mcap_protobuf.decoder import DecoderFactory
 from scipy.spatial.transform import Rotation
 
 from policypipe.dataset import layout
@@ -22,6 +24,13 @@ from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.policy.export import save_policy
 from policypipe.recordings.streams import read_streams
 from policypipe.runtime.observation import Observation, ObservationError
+from policypipe.runtime.predictions import (
+    EXECUTED_TOPIC,
+    NOT_ARRIVED,
+    PREDICTED_TOPIC,
+    PredictConfig,
+    predict_recording,
+)
 from policypipe.runtime.runner import PolicyRunner
 from policypipe.runtime.spec import RuntimeSpec, spec_of_training
 from policypipe.serving.protocol import (
@@ -215,3 +224,62 @@ def test_the_spec_names_every_gripper_camera_and_opening_and_an_older_spec_still
     )
     old = RuntimeSpec.read(tmp_path)
     assert (old.grippers, old.cameras, old.width_range_m) == ((0,), (0,), one.width_range_m)
+
+
+def predicted_poses(path: Path) -> dict[str, list[tuple[int, np.ndarray]]]:
+    """Per topic of a predictions MCAP: (log time, the poses' positions (H, 3)), in file order."""
+    factory, topics = DecoderFactory(), {}
+    with open(path, "rb") as f:
+        for schema, channel, message in make_reader(f).iter_messages(log_time_order=False):
+            if channel.message_encoding == "protobuf":
+                poses = factory.decoder_for("protobuf", schema)(message.data).poses
+                position = np.array([[p.position.x, p.position.y, p.position.z] for p in poses])
+                topics.setdefault(channel.topic, []).append((message.log_time, position))
+        f.seek(0)
+        topics["metadata"] = {m.name: m.metadata for m in make_reader(f).iter_metadata()}
+    return topics
+
+
+@pytest.mark.parametrize("stem", ["a", "b"])  # b: the scene camera unplugged
+def test_predict_replays_a_rig_recording_with_every_gripper_and_camera_as_a_robot_would(
+    rig_export,  # noqa: F811
+    rig_dataset,  # noqa: F811
+    rig_policy: Path,
+    rig_runner: PolicyRunner,
+    tmp_path: Path,
+    stem: str,
+) -> None:
+    root, result, _ = rig_dataset
+    record = next(r for r in result.episodes if r["stem"] == stem)
+    vio = vio_of(rig_export, record)
+    out = tmp_path / "predictions.mcap"
+    summary = predict_recording(rig_policy, vio, out, PredictConfig(seed=5, every=7))
+    topics = predicted_poses(out)
+
+    # The episode starts where convert started it; gripper 1's poses end 0.15 s before the
+    # recording, and the frames after them give no chunk.
+    assert summary.observation_ns[0] == record["start_ns"] and summary.chunks >= 8
+    assert summary.skipped[NOT_ARRIVED] > 0
+    assert (stem == "b") == any(f"camera {SCENE} has no frames" in w for w in summary.warnings)
+    metadata = topics["metadata"]["policypipe.predict"]
+    assert (metadata["grippers"], metadata["cameras"]) == ("0,1", f"0,1,{SCENE}")
+    lead = round(CONFIG.max_camera_offset_ms * 1e6)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # as predict runs the policy
+    try:
+        for i, t in enumerate(summary.observation_ns):
+            # Given every camera's frames up to convert's offset after t, the runner chose as convert.
+            fields = robot_observation(vio, t, camera_lead_ns=lead)
+            chunk = rig_runner.act(
+                Observation.checked(**fields), seed=5 + i, episode_start_ns=record["start_ns"]
+            )
+            for g, prefix in ((0, ""), (1, "/robot1")):
+                for topic, steps in (
+                    (PREDICTED_TOPIC, WINDOW.horizon),
+                    (EXECUTED_TOPIC, WINDOW.n_action_steps),
+                ):
+                    log_time, position = topics[prefix + topic][i]
+                    assert log_time == t
+                    np.testing.assert_array_equal(position, chunk.grippers[g].position[:steps])
+    finally:
+        torch.set_num_threads(previous)

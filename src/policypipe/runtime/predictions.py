@@ -1,22 +1,25 @@
 """What the policy would have done along a recording, as an MCAP for Foxglove (`policypipe predict`).
 
 The recording's streams are fed to the runner in capture-time order, as a robot would have them:
-camera frames decoded one at a time as a camera driver hands them over (JPEG/PNG at the camera's
-own resolution), and at each chunk the last few frames, with the pose and width samples up to the
-first one at or after the latest frame (the runner interpolates there, never extrapolates; a robot
-waits for that sample, so a frame whose sample never arrives is skipped, and counted). A robot
-executing each chunk asks for the next one `n_action_steps` frames later: that is the default
-schedule. The episode starts at the first frame with a pose and a width sample at or before it
-(where `convert` starts it, on a clean recording), and every chunk passes that time as
+every camera's frames decoded one at a time as a camera driver hands them over (JPEG/PNG and
+H.264 at the camera's own resolution, by convert's decoder loop), and at each chunk camera 0's last
+few frames, every other camera's frames up to convert's max_camera_offset_ms after camera 0's
+latest (a robot waits that long for them at most; training took each camera's frame nearest
+camera 0's), with every gripper's pose and width samples up to the first one at or after the
+latest frame (the runner interpolates there, never extrapolates; a robot waits for that sample,
+so a frame whose sample never arrives is skipped, and counted). A robot executing each chunk asks
+for the next one `n_action_steps` frames later: that is the default schedule. The episode starts
+at camera 0's first frame with every gripper's pose and width samples at or before it (where
+`convert` starts it, on a clean recording), and every chunk passes that time as
 `episode_start_ns`, as training pads the start of an episode.
 
-Memory holds the few frames the next chunk can use, never the recording's. H.264 recordings are
-the exception: they are decoded by `dataset.episode.decode_frames` (the reference-loss checks
-`convert` makes) at the policy's image size, which the runner then leaves as it is: the same
-frames bit for bit, one small frame per message held.
+Memory holds the few frames the next chunk can use, never the recording's: the compressed frames
+are read from the file again as they are decoded (`recordings.streams.FramesInFile`), and only the
+capture times and the pose and width samples are read ahead.
 
-Each chunk is written three times, logged at its observation's capture time t so that Foxglove's
-timeline puts it beside the frame it was computed from:
+Each chunk is written three times per gripper, logged at its observation's capture time t so
+that Foxglove's timeline puts it beside the frame it was computed from (gripper i >= 1's topics
+under `/robot{i}`, as recording format 2 names its streams):
 
   /policy/predicted  foxglove.PosesInFrame  all horizon targets, frame "world", timestamp t
   /policy/executed   foxglove.PosesInFrame  the first n_action_steps of them, the ones a robot runs
@@ -37,7 +40,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
 from foxglove_schemas_protobuf.PosesInFrame_pb2 import PosesInFrame
@@ -45,13 +47,15 @@ from mcap.writer import CompressionType, IndexType, Writer
 from mcap_protobuf.schema import build_file_descriptor_set
 
 from policypipe.atomic import write_bytes_atomic
-from policypipe.dataset.episode import covering, decode_frames, decode_still_bgr, measured_frequency
+from policypipe.dataset.episode import covering, each_decoded_frame, measured_frequency
 from policypipe.lineage.hashing import sha256_file
 from policypipe.recordings.layout import McapState, mcap_state
 from policypipe.recordings.messages import RecordingError, Topics
-from policypipe.recordings.streams import Streams, read_streams
-from policypipe.runtime.observation import Observation, ObservationError
+from policypipe.recordings.streams import CameraStream, GripperStreams, Streams, read_streams
+from policypipe.runtime.chunk import GripperTargets
+from policypipe.runtime.observation import Observation, ObservationError, field_names
 from policypipe.runtime.runner import ActionChunk, PolicyRunner
+from policypipe.runtime.spec import RuntimeSpec
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +172,8 @@ def _predict(
     if output.resolve() == recording.resolve():
         raise PredictionError(f"the output {output} is the recording itself: write the predictions elsewhere")
     runner = _load_runner(policy_folder)
-    streams = _read_recording(recording, config.topics)
     spec = runner.spec
+    streams = _read_recording(recording, config.topics, spec.grippers, spec.cameras)
     every = config.every or spec.n_action_steps
 
     feed = RobotFeed(streams, runner, recording)
@@ -177,12 +181,13 @@ def _predict(
     summary.warnings.extend(feed.warnings)
 
     buffer = io.BytesIO()
-    out = PredictionWriter(buffer)
+    out = PredictionWriter(buffer, spec.grippers)
     out.metadata(
         {
             "recording": recording.name,
             "recording_sha256": sha256_file(recording),
             "camera_topic": streams.camera_topic,
+            **_several(spec, streams),
             "policy_manifest_sha256": sha256_file(policy_folder / "manifest.json"),
             "dataset_fingerprint": spec.dataset_fingerprint,
             "stats_sha256": spec.stats_sha256,
@@ -251,70 +256,82 @@ def _chunk(
 # ---------------------------------------------------------------- inputs
 
 
+def _several(spec: RuntimeSpec, streams: Streams) -> dict[str, str]:
+    """The metadata of a policy of several grippers or cameras (a policy of one has none of it)."""
+    if len(spec.grippers) == 1 and len(spec.cameras) == 1:
+        return {}
+    return {
+        "grippers": ",".join(map(str, spec.grippers)),
+        "cameras": ",".join(map(str, spec.cameras)),
+        "camera_topics": ",".join(
+            streams.cameras[k].topic if k in streams.cameras else "" for k in spec.cameras
+        ),  # "" for a camera the recording lacks
+    }
+
+
 def _load_runner(folder: Path) -> PolicyRunner:
     if not folder.is_dir():
         raise PredictionError(
             f"policy folder {folder} not found: pass an exported policy (data/policy: `dvc repro train` "
             "or `dvc pull data/policy`)"
         )
-    runner = PolicyRunner.load(folder)  # a folder without runtime.json: its ValueError says what to do
-    if runner.spec.grippers != (0,) or runner.spec.cameras != (0,):
-        raise PredictionError(
-            f"policy {folder} drives grippers {list(runner.spec.grippers)} with cameras "
-            f"{list(runner.spec.cameras)}: predict replays one gripper and one camera so far; replay a "
-            "recording through `PolicyRunner.act` with every camera's and gripper's fields instead"
-        )
-    return runner
+    return PolicyRunner.load(folder)  # a folder without runtime.json: its ValueError says what to do
 
 
-def _read_recording(path: Path, topics: Topics) -> Streams:
+def _read_recording(
+    path: Path, topics: Topics, grippers: tuple[int, ...], cameras: tuple[int, ...]
+) -> Streams:
     if not path.is_file():
         raise PredictionError(f"recording {path} not found: pass a recording's _vio.mcap")
     state, detail = mcap_state(path)
     if state is McapState.NOT_MCAP:
         raise PredictionError(f"{path} is {detail}: pass a recording's _vio.mcap")
     try:
-        streams = read_streams(path, topics)
+        streams = read_streams(path, topics, grippers, cameras, hold_frames=False)
     except RecordingError as exc:
-        raise RecordingError(exc.reason, f"{path}: {exc}") from None
+        several = f" (the policy drives grippers {list(grippers)})" if len(grippers) > 1 else ""
+        raise RecordingError(exc.reason, f"{path}: {exc}{several}") from None
     if state is McapState.TRUNCATED:
         log.warning("%s: %s; predicting on what is readable", path.name, detail)
     return streams
 
 
 class RobotFeed:
-    """A recording's streams as a robot has them, frame by frame in capture-time order."""
+    """A recording's streams as a robot has them, camera 0's frames one by one in capture-time
+    order, each with what the other cameras and the grippers have sent by then."""
 
     def __init__(self, streams: Streams, runner: PolicyRunner, path: Path) -> None:
+        spec = runner.spec
         self.streams = streams
         self.path = path
         self.runner = runner
         self.warnings = [*([streams.truncated] if streams.truncated else []), *streams.damage]
         self.warnings.extend(streams.warnings)
-        # Capture-time order; a repeated capture time is one frame (the first in the file), as
-        # convert keeps it: a camera driver never delivers two frames of one instant.
-        order = np.argsort(streams.camera_ns, kind="stable")
-        keep = np.concatenate([[True], np.diff(streams.camera_ns[order]) > 0])
-        self.order = order[keep]
+        self.order = capture_order(streams.camera_ns)
         self.camera_ns = streams.camera_ns[self.order]
-        self.pose_ns, self.position, self.quaternion = _sorted(
-            streams.pose_ns, streams.position, streams.quaternion
-        )
-        self.width_ns, self.width = _sorted(streams.width_ns, streams.width)
-        first = max(self.pose_ns[0], self.width_ns[0])
+        self.grippers = {i: _SortedSamples.of(streams.grippers[i]) for i in spec.grippers}
+        first = max(max(g.pose_ns[0], g.width_ns[0]) for g in self.grippers.values())
         self.start = int(np.searchsorted(self.camera_ns, first))  # the episode's first frame
         if self.start == len(self.camera_ns):
+            what = "every gripper's" if len(self.grippers) > 1 else "the"
             raise PredictionError(
-                f"{path}: every camera frame comes before the first pose and width samples "
+                f"{path}: every camera frame comes before {what} first pose and width samples "
                 f"(frames end {(first - self.camera_ns[-1]) / 1e9:.3f} s before them): nothing to predict on"
             )
         self.start_ns = int(self.camera_ns[self.start])
-        spec = runner.spec
-        if streams.camera_topic not in spec.camera_topics:
-            self.warnings.append(
-                f"the policy was trained on frames of {', '.join(spec.camera_topics)}; "
-                f"this recording's are on {streams.camera_topic}"
-            )
+        # The newest sample of every stream: a frame after one of them never gets its samples.
+        self.samples_end_ns = min(min(g.pose_ns[-1], g.width_ns[-1]) for g in self.grippers.values())
+        for k, camera in streams.cameras.items():
+            if camera.topic not in spec.camera_topics:
+                self.warnings.append(
+                    f"the policy was trained on frames of {', '.join(spec.camera_topics)}; "
+                    f"this recording's camera {k} is on {camera.topic}"
+                )
+        self.warnings.extend(
+            f"camera {k} has no frames in this recording: the policy sees it absent, as training saw "
+            "a recording without it"
+            for k in streams.missing_cameras
+        )
         if len(self.camera_ns) >= 2:
             hz = measured_frequency(self.camera_ns)
             if abs(hz / spec.frequency_hz - 1) > FREQUENCY_TOLERANCE:
@@ -324,23 +341,21 @@ class RobotFeed:
                 )
 
     def frames(self) -> Iterator[tuple[int, str, Callable[[], Observation] | None]]:
-        """(t, state, observation) for each frame from the episode's start: UNDECODABLE for a
-        frame the robot never gets, NOT_ARRIVED for one whose pose or width sample at or after it
-        never arrives, else FED with a function that builds the Observation (built only for the
-        frames that are due)."""
-        video = None
-        if self.streams.camera_format == "h264":
-            # Decoded whole, at the policy's size (module docstring): the runner's resize of a
-            # frame already at that size is the identity, so the frames are the ones it would make.
-            video = decode_frames(self.streams.cameras[0], self.runner.spec.image_size)
+        """(t, state, observation) for each of camera 0's frames from the episode's start:
+        UNDECODABLE for a frame the robot never gets, NOT_ARRIVED for one whose pose or width
+        sample at or after it never arrives, else FED with a function that builds the Observation
+        (built only for the frames that are due)."""
+        lead_ns = round(self.runner.spec.max_camera_offset_ms * 1e6)
+        others = {
+            k: _OtherCamera(in_capture_order(camera)) for k, camera in self.streams.cameras.items() if k != 0
+        }
         history: deque[tuple[int, np.ndarray]] = deque()
         oldest_offset = int(self.runner.observation_offsets_ns[0])
-        for t, index in zip(self.camera_ns[self.start :], self.order[self.start :]):
-            t = int(t)
-            if video is not None:
-                rgb = video.rgb[index] if video.dropped[index] is None else None
-            else:
-                rgb = decode_still(self.streams.camera_data[index])
+        for t, rgb in in_capture_order(self.streams.cameras[0]):
+            if t < self.start_ns:
+                continue
+            for other in others.values():
+                other.receive_until(t + lead_ns)
             if rgb is None:
                 yield t, UNDECODABLE, None
                 continue
@@ -350,39 +365,117 @@ class RobotFeed:
             oldest = max(t - oldest_offset, self.start_ns)
             while len(history) >= 2 and history[1][0] <= oldest:
                 history.popleft()
-            if self.pose_ns[-1] < t or self.width_ns[-1] < t:
+            # A frame of another camera further than the offset from every frame of camera 0 held
+            # is absent to the runner, as to convert: never needed again.
+            for other in others.values():
+                other.forget_before(history[0][0] - lead_ns)
+            if self.samples_end_ns < t:
                 yield t, NOT_ARRIVED, None
                 continue
-            yield t, FED, self._observer(tuple(history), oldest, t)
+            cameras = {0: tuple(history)} | {k: tuple(o.history) for k, o in others.items() if o.history}
+            yield t, FED, self._observer(cameras, oldest, t)
 
-    def _observer(self, history: tuple, oldest: int, t: int) -> Callable[[], Observation]:
+    def _observer(
+        self, cameras: dict[int, tuple[tuple[int, np.ndarray], ...]], oldest: int, t: int
+    ) -> Callable[[], Observation]:
         def observation() -> Observation:
-            pose, width = covering(self.pose_ns, oldest, t), covering(self.width_ns, oldest, t)
-            return Observation.checked(
-                np.array([ns for ns, _ in history], dtype=np.int64),
-                np.stack([rgb for _, rgb in history]),
-                self.pose_ns[pose],
-                self.position[pose],
-                self.quaternion[pose],
-                self.width_ns[width],
-                self.width[width],
-            )
+            fields: dict[str, np.ndarray] = {}
+            for k, frames in cameras.items():
+                ns, rgb = field_names([], [k])
+                fields[ns] = np.array([frame_ns for frame_ns, _ in frames], dtype=np.int64)
+                fields[rgb] = np.stack([frame for _, frame in frames])
+            for i, g in self.grippers.items():
+                pose, width = covering(g.pose_ns, oldest, t), covering(g.width_ns, oldest, t)
+                values = (
+                    g.pose_ns[pose],
+                    g.position[pose],
+                    g.quaternion[pose],
+                    g.width_ns[width],
+                    g.width[width],
+                )
+                fields |= dict(zip(field_names([i], []), values))
+            return Observation.checked(**fields)
 
         return observation
 
 
-def decode_still(data: bytes) -> np.ndarray | None:
-    """A JPEG/PNG frame as a camera driver hands it over: RGB at the camera's resolution, or None."""
-    bgr = decode_still_bgr(data)
-    return None if bgr is None else cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+class _OtherCamera:
+    """A camera k >= 1's frames as a robot receives them: those captured up to a time, decodable ones
+    only (a driver drops the others), the ones still within reach of camera 0's kept."""
+
+    def __init__(self, frames: Iterator[tuple[int, np.ndarray | None]]) -> None:
+        self.frames = frames
+        self.waiting: tuple[int, np.ndarray | None] | None = None  # read, captured after the last `until`
+        self.history: deque[tuple[int, np.ndarray]] = deque()
+
+    def receive_until(self, until_ns: int) -> None:
+        while True:
+            if self.waiting is None:
+                self.waiting = next(self.frames, None)
+                if self.waiting is None:
+                    return  # the camera's stream ended
+            ns, rgb = self.waiting
+            if ns > until_ns:
+                return
+            if rgb is not None:
+                self.history.append((ns, rgb))
+            self.waiting = None
+
+    def forget_before(self, ns: int) -> None:
+        # The last frame before `ns` stays while it is the only one: nearer frames replace it.
+        while len(self.history) >= 2 and self.history[1][0] <= ns:
+            self.history.popleft()
 
 
-def _sorted(times: np.ndarray, *values: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Samples in time order, a repeated time kept once (the first in the file): a robot's
-    stream arrives in order; the file may hold a few messages swapped."""
-    order = np.argsort(times, kind="stable")
-    keep = np.concatenate([[True], np.diff(times[order]) > 0])
-    return tuple(v[order[keep]] for v in (times, *values))
+def capture_order(capture_ns: np.ndarray) -> np.ndarray:
+    """Message indices in capture-time order; a repeated capture time is one frame (the first in
+    the file), as convert keeps it: a camera driver never delivers two frames of one instant."""
+    order = np.argsort(capture_ns, kind="stable")
+    keep = np.concatenate([[True], np.diff(capture_ns[order]) > 0])
+    return order[keep]
+
+
+def in_capture_order(camera: CameraStream) -> Iterator[tuple[int, np.ndarray | None]]:
+    """(capture time, RGB at the camera's resolution, None if undecodable) of each frame in
+    capture-time order, decoded one at a time by convert's decoder loop. A frame decoded before an
+    earlier-captured one waits for it (a file a few messages out of order, B-frames): only those
+    are held."""
+    order = capture_order(camera.ns)
+    rank = np.full(len(camera.ns), -1)
+    rank[order] = np.arange(len(order))
+    waiting: dict[int, np.ndarray | None] = {}
+    due = 0
+    for index, rgb, _ in each_decoded_frame(camera, None):
+        if rank[index] < 0:
+            continue  # a repeated capture time
+        waiting[int(rank[index])] = rgb
+        while due in waiting:
+            yield int(camera.ns[order[due]]), waiting.pop(due)
+            due += 1
+
+
+@dataclass(frozen=True)
+class _SortedSamples:
+    """A gripper's samples in time order, a repeated time kept once (the first in the file): a
+    robot's stream arrives in order; the file may hold a few messages swapped."""
+
+    pose_ns: np.ndarray
+    position: np.ndarray
+    quaternion: np.ndarray
+    width_ns: np.ndarray
+    width: np.ndarray
+
+    @classmethod
+    def of(cls, gripper: GripperStreams) -> _SortedSamples:
+        pose = capture_order(gripper.pose_ns)
+        width = capture_order(gripper.width_ns)
+        return cls(
+            gripper.pose_ns[pose],
+            gripper.position[pose],
+            gripper.quaternion[pose],
+            gripper.width_ns[width],
+            gripper.width[width],
+        )
 
 
 # ---------------------------------------------------------------- output
@@ -405,10 +498,15 @@ def _json_schema() -> bytes:
     return json.dumps(schema, separators=(",", ":"), sort_keys=True).encode()
 
 
+def gripper_topic(gripper: int, topic: str) -> str:
+    """Gripper i >= 1's predictions under `/robot{i}`, as recording format 2 names its streams."""
+    return topic if gripper == 0 else f"/robot{gripper}{topic}"
+
+
 class PredictionWriter:
     """The predictions MCAP: fixed writer options and registration order, so fixed bytes."""
 
-    def __init__(self, stream: io.BytesIO) -> None:
+    def __init__(self, stream: io.BytesIO, grippers: tuple[int, ...] = (0,)) -> None:
         self.writer = Writer(
             stream,
             chunk_size=CHUNK_SIZE,
@@ -426,11 +524,15 @@ class PredictionWriter:
             build_file_descriptor_set(PosesInFrame).SerializeToString(deterministic=True),
         )
         width = self.writer.register_schema(WIDTH_SCHEMA, "jsonschema", _json_schema())
-        self.channels = {
-            PREDICTED_TOPIC: self.writer.register_channel(PREDICTED_TOPIC, "protobuf", poses),
-            EXECUTED_TOPIC: self.writer.register_channel(EXECUTED_TOPIC, "protobuf", poses),
-            WIDTH_TOPIC: self.writer.register_channel(WIDTH_TOPIC, "json", width),
-        }
+        self.channels: dict[str, int] = {}
+        for i in grippers:
+            for topic, encoding, schema in (
+                (PREDICTED_TOPIC, "protobuf", poses),
+                (EXECUTED_TOPIC, "protobuf", poses),
+                (WIDTH_TOPIC, "json", width),
+            ):
+                name = gripper_topic(i, topic)
+                self.channels[name] = self.writer.register_channel(name, encoding, schema)
         self.sequence = 0
 
     def metadata(self, data: dict[str, str]) -> None:
@@ -439,38 +541,39 @@ class PredictionWriter:
     def chunk(self, chunk: ActionChunk, seed: int) -> None:
         t = chunk.observation_ns
         executed = np.flatnonzero(chunk.execute)
-        width = {
-            "timestamp_ns": t,
-            "seed": seed,
-            "time_ns": chunk.time_ns.tolist(),
-            "width_m": chunk.width.tolist(),
-            "executed": chunk.execute.tolist(),
-        }
-        for topic, data in (
-            (PREDICTED_TOPIC, poses_message(chunk, np.arange(len(chunk.time_ns)))),
-            (EXECUTED_TOPIC, poses_message(chunk, executed)),
-            (WIDTH_TOPIC, json.dumps(width, separators=(",", ":")).encode()),
-        ):
-            self.writer.add_message(
-                channel_id=self.channels[topic],
-                log_time=t,
-                publish_time=t,
-                data=data,
-                sequence=self.sequence,
-            )
-        self.sequence += 1  # the chunk's number, the same on its three messages
+        for i, targets in chunk.grippers.items():
+            width = {
+                "timestamp_ns": t,
+                "seed": seed,
+                "time_ns": chunk.time_ns.tolist(),
+                "width_m": targets.width.tolist(),
+                "executed": chunk.execute.tolist(),
+            }
+            for topic, data in (
+                (PREDICTED_TOPIC, poses_message(t, targets, np.arange(len(chunk.time_ns)))),
+                (EXECUTED_TOPIC, poses_message(t, targets, executed)),
+                (WIDTH_TOPIC, json.dumps(width, separators=(",", ":")).encode()),
+            ):
+                self.writer.add_message(
+                    channel_id=self.channels[gripper_topic(i, topic)],
+                    log_time=t,
+                    publish_time=t,
+                    data=data,
+                    sequence=self.sequence,
+                )
+        self.sequence += 1  # the chunk's number, the same on all its messages
 
     def finish(self) -> None:
         self.writer.finish()
 
 
-def poses_message(chunk: ActionChunk, steps: np.ndarray) -> bytes:
+def poses_message(observation_ns: int, targets: GripperTargets, steps: np.ndarray) -> bytes:
     msg = PosesInFrame()
-    msg.timestamp.FromNanoseconds(int(chunk.observation_ns))
+    msg.timestamp.FromNanoseconds(int(observation_ns))
     msg.frame_id = FRAME_ID
     for k in steps:
         pose = msg.poses.add()
-        pose.position.x, pose.position.y, pose.position.z = (float(v) for v in chunk.position[k])
+        pose.position.x, pose.position.y, pose.position.z = (float(v) for v in targets.position[k])
         o = pose.orientation
-        o.x, o.y, o.z, o.w = (float(v) for v in chunk.quaternion[k])
+        o.x, o.y, o.z, o.w = (float(v) for v in targets.quaternion[k])
     return msg.SerializeToString(deterministic=True)
