@@ -265,13 +265,14 @@ def test_the_recording_itself_is_never_the_output(pipeline: Pipeline, validation
         predict_recording(pipeline.policy, validation, validation)
 
 
-def with_a_bad_pose_sample(vio: Path, out: Path, k: int) -> int:
-    """A copy of `vio` whose k-th pose message has a quaternion of norm 1.1; its capture time."""
-    factory, stamp = DecoderFactory(), None
+def rewritten(vio: Path, out: Path, change) -> None:
+    """A copy of `vio` with each message's bytes as `change(topic, decoded message)` gives them:
+    the message's new bytes, its own (`message.SerializeToString()`), or None to leave it out."""
+    factory = DecoderFactory()
     with open(vio, "rb") as f, open(out, "wb") as g:
         writer = Writer(g)
         writer.start()
-        schemas, channels, pose = {}, {}, 0
+        schemas, channels = {}, {}
         for schema, channel, message in make_reader(f).iter_messages(log_time_order=False):
             if schema.id not in schemas:
                 schemas[schema.id] = writer.register_schema(schema.name, schema.encoding, schema.data)
@@ -280,15 +281,28 @@ def with_a_bad_pose_sample(vio: Path, out: Path, k: int) -> int:
                     channel.topic, channel.message_encoding, schemas[schema.id]
                 )
             data = message.data
-            if channel.topic == "/vio/pose":
-                if pose == k:
-                    msg = factory.decoder_for("protobuf", schema)(data)
-                    o = msg.pose.orientation
-                    o.x, o.y, o.z, o.w = (1.1 * v for v in (o.x, o.y, o.z, o.w))
-                    data, stamp = msg.SerializeToString(), msg.timestamp.ToNanoseconds()
-                pose += 1
-            writer.add_message(channels[channel.id], message.log_time, data, message.publish_time)
+            if channel.message_encoding == "protobuf":
+                data = change(channel.topic, factory.decoder_for("protobuf", schema)(data))
+            if data is not None:
+                writer.add_message(channels[channel.id], message.log_time, data, message.publish_time)
         writer.finish()
+
+
+def with_a_bad_pose_sample(vio: Path, out: Path, k: int) -> int:
+    """A copy of `vio` whose k-th pose message has a quaternion of norm 1.1; its capture time."""
+    poses, stamp = 0, None
+
+    def change(topic: str, msg) -> bytes:
+        nonlocal poses, stamp
+        if topic == "/vio/pose":
+            if poses == k:
+                o = msg.pose.orientation
+                o.x, o.y, o.z, o.w = (1.1 * v for v in (o.x, o.y, o.z, o.w))
+                stamp = msg.timestamp.ToNanoseconds()
+            poses += 1
+        return msg.SerializeToString()
+
+    rewritten(vio, out, change)
     return stamp
 
 
@@ -315,30 +329,20 @@ def test_a_bad_pose_sample_is_refused_where_a_chunk_needs_it_and_predicting_goes
 def with_large_frames(vio: Path, out: Path, frames: int, size: tuple[int, int]) -> int:
     """A copy of `vio` with its first `frames` camera frames replaced by PNGs of noise of `size`
     (width, height) and the later ones left out; the bytes of those frames."""
-    factory, rng, total, seen = DecoderFactory(), np.random.default_rng(0), 0, 0
-    with open(vio, "rb") as f, open(out, "wb") as g:
-        writer = Writer(g)
-        writer.start()
-        schemas, channels = {}, {}
-        for schema, channel, message in make_reader(f).iter_messages(log_time_order=False):
-            if schema.id not in schemas:
-                schemas[schema.id] = writer.register_schema(schema.name, schema.encoding, schema.data)
-            if channel.id not in channels:
-                channels[channel.id] = writer.register_channel(
-                    channel.topic, channel.message_encoding, schemas[schema.id]
-                )
-            data = message.data
-            if channel.topic == "/camera0/image":
-                if seen == frames:
-                    continue
-                msg = factory.decoder_for("protobuf", schema)(data)
-                noise = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-                msg.data, msg.format = cv2.imencode(".png", noise)[1].tobytes(), "png"
-                data = msg.SerializeToString()
-                total += len(msg.data)
-                seen += 1
-            writer.add_message(channels[channel.id], message.log_time, data, message.publish_time)
-        writer.finish()
+    rng, total, seen = np.random.default_rng(0), 0, 0
+
+    def change(topic: str, msg) -> bytes | None:
+        nonlocal total, seen
+        if topic == "/camera0/image":
+            if seen == frames:
+                return None
+            noise = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+            msg.data, msg.format = cv2.imencode(".png", noise)[1].tobytes(), "png"
+            total += len(msg.data)
+            seen += 1
+        return msg.SerializeToString()
+
+    rewritten(vio, out, change)
     return total
 
 
