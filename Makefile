@@ -41,10 +41,11 @@ demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
 # Tests run in TEST_WORKERS processes (pytest-xdist): much of the suite waits on subprocesses,
-# servers and Slurm, so two processes keep 2 cores busy. loadgroup keeps the tests that share an
-# expensive session fixture in one process (tests/conftest.py). TEST_WORKERS=0: one process.
+# servers and Slurm, so two processes keep 2 cores busy, each computing on one thread
+# (tests/conftest.py). A session fixture is built in each process that needs it. TEST_WORKERS=0:
+# one process.
 TEST_WORKERS ?= 2
-PYTEST := PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+PYTEST := PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 # The whole suite, end-to-end, Slurm and SSH tests included: what CI runs.
 test: $(STAMP)

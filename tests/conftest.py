@@ -48,6 +48,16 @@ def mcap_samples() -> Path:
     )
 
 
+# Under `make test` two test processes share the cores (pytest-xdist sets PYTEST_XDIST_WORKER).
+# OpenMP and OpenBLAS threads wait for work by spinning: two processes of 2 threads each on 2
+# cores made torch's small tests 6 to 40 times slower (the evaluation tests: 80 s, 13.6 s with one
+# thread each). Each process, and what it starts, computes on one thread unless it sets its own
+# (training pins train.cpu_threads, predict and the server theirs): set before torch or numpy loads.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
+
+
 # Inherited by every process this session starts (tests/leftovers.py): a test's leftover is found
 # by it, even reparented, and killed, and the test fails.
 SESSION = uuid.uuid4().hex
@@ -122,21 +132,6 @@ def pipeline_repo(tmp_path_factory) -> Path:
     run(repo, "git", "add", "-A")
     run(repo, "git", "commit", "-qm", "results of dvc repro")
     return repo
-
-
-# `make test` runs the suite in two processes (pytest-xdist, --dist loadgroup). A session fixture
-# is built once per process that uses it, so the tests that share an expensive one go to one
-# process: one Slurm cluster (a second would fight the first for the node's CPUs), one
-# `dvc repro` for pipeline_repo.
-SHARED_FIXTURE_GROUPS = {"slurm_cluster": "slurm", "pipeline_repo": "pipeline_repo"}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        for fixture, group in SHARED_FIXTURE_GROUPS.items():
-            if fixture in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
 
 
 def require_installed(problem: str | None) -> None:

@@ -30,16 +30,28 @@ CONFIG = EvalConfig(stride=5, batch_size=16, spread_samples=3, spread_observatio
 SPLIT = StatsConfig(val_fraction=0.4, test_fraction=0.3)
 
 
-@pytest.fixture
-def setup(tmp_path: Path):
+def store_stats_policy(folder: Path):
     # 3 training, 4 validation and 2 test episodes.
-    make_store(tmp_path / "ds.zarr", lengths=(30, 25, 40, 35, 28, 33, 31, 29, 32))
-    root = zarr.open_group(tmp_path / "ds.zarr", mode="r")
+    make_store(folder / "ds.zarr", lengths=(30, 25, 40, 35, 28, 33, 31, 29, 32))
+    root = zarr.open_group(folder / "ds.zarr", mode="r")
     stats = compute_statistics(root, WindowConfig(2, 8, 4), SPLIT)
     torch.manual_seed(0)
     policy = DiffusionPolicy(MODEL)
     policy.fit_normalizers(stats)
-    return tmp_path / "ds.zarr", stats, policy.eval()
+    return folder / "ds.zarr", stats, policy.eval()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """The store, its statistics and the policy, shared by the module's tests: read-only."""
+    return store_stats_policy(tmp_path_factory.mktemp("eval"))
+
+
+@pytest.fixture(scope="module")
+def evaluated(setup):
+    """evaluate's result on `setup`, computed once: what most tests read."""
+    store, stats, policy = setup
+    return evaluate(policy, store, stats, CONFIG)
 
 
 ENTRIES = (
@@ -55,9 +67,8 @@ COMPONENTS = ("position_mm", "rotation_deg", "width_mm")
 BASELINE_NAMES = ("hold_still", "mean_motion", "constant_velocity", "nearest_neighbour")
 
 
-def test_report_has_errors_baselines_ratios_ablations_and_spread(setup) -> None:
-    store, stats, policy = setup
-    result = evaluate(policy, store, stats, CONFIG)
+def test_report_has_errors_baselines_ratios_ablations_and_spread(evaluated) -> None:
+    result = evaluated
     report = result["report"]["test"]
     assert report["samples"] > 0 and report["skipped_episodes"] == 0 and report["omitted"] == {}
     for name in ENTRIES:
@@ -75,9 +86,9 @@ def test_report_has_errors_baselines_ratios_ablations_and_spread(setup) -> None:
     assert report["spread_mm"] > 0  # different noise, different chunks
 
 
-def test_the_test_side_is_the_headline_and_validation_is_reported_beside_it(setup) -> None:
+def test_the_test_side_is_the_headline_and_validation_is_reported_beside_it(setup, evaluated) -> None:
     store, stats, policy = setup
-    result = evaluate(policy, store, stats, CONFIG)
+    result = evaluated
     report = result["report"]
     assert report["headline"] == "test" and "no_test_side" not in report
     split = stats["split"]
@@ -116,9 +127,8 @@ def test_statistics_without_a_test_side_are_refused_with_the_fix(setup) -> None:
         evaluate(policy, store, old, CONFIG)
 
 
-def test_every_component_has_a_ratio_to_its_best_baseline(setup) -> None:
-    store, stats, policy = setup
-    report = evaluate(policy, store, stats, CONFIG)["report"]["test"]
+def test_every_component_has_a_ratio_to_its_best_baseline(evaluated) -> None:
+    report = evaluated["report"]["test"]
     for c in COMPONENTS:
         means = {b: report[b][c]["executed"]["mean"] for b in BASELINE_NAMES}
         best = min(means, key=means.get)
@@ -143,9 +153,8 @@ def means_of(report: dict, name: str) -> float:
     return report[name]["position_mm"]["executed"]["mean"]
 
 
-def test_the_camera_ablations_and_their_gaps(setup) -> None:
-    store, stats, policy = setup
-    report = evaluate(policy, store, stats, CONFIG)["report"]["test"]
+def test_the_camera_ablations_and_their_gaps(evaluated) -> None:
+    report = evaluated["report"]["test"]
     for name, key in (
         ("camera_ablation_other_episodes", "other_episodes"),
         ("camera_ablation_constant_image", "constant_image"),
@@ -212,16 +221,16 @@ def test_a_policy_that_raises_fails_the_evaluation(setup, monkeypatch) -> None:
         compare_policies([policy], None, store, stats, CONFIG)
 
 
-def test_report_is_deterministic(setup) -> None:
+def test_report_is_deterministic(setup, evaluated) -> None:
     store, stats, policy = setup
-    first = evaluate(policy, store, stats, CONFIG)
+    first = evaluated
     again = evaluate(policy, store, stats, CONFIG)
     assert canonical_json(first["report"]) == canonical_json(again["report"])
     assert canonical_json(first["per_step"]) == canonical_json(again["per_step"])
 
 
-def test_a_broken_episode_is_skipped_and_counted(setup) -> None:
-    store, stats, policy = setup
+def test_a_broken_episode_is_skipped_and_counted(tmp_path: Path) -> None:
+    store, stats, policy = store_stats_policy(tmp_path)  # a store of its own: the test damages it
     root = zarr.open_group(store, mode="r")
     first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
     val = stats["split"]["val"]
@@ -257,7 +266,7 @@ def test_compare_a_policy_with_itself_gives_zero_with_a_ci_around_zero(setup) ->
     )
 
 
-def test_compare_one_side_of_seeds_against_the_baselines(setup) -> None:
+def test_compare_one_side_of_seeds_against_the_baselines(setup, evaluated) -> None:
     store, stats, policy = setup
     torch.manual_seed(1)
     other_seed = DiffusionPolicy(MODEL)
@@ -273,7 +282,7 @@ def test_compare_one_side_of_seeds_against_the_baselines(setup) -> None:
     side = seeds["sides"]["A"]
     assert side["seeds"] == 2
     assert side["ci_covers"] == f"seeds, episodes, then samples within them (A: 2 seeds; {episodes} episodes)"
-    report = evaluate(policy, store, stats, CONFIG)["report"]["validation"]
+    report = evaluated["report"]["validation"]
     for c in COMPONENTS:
         entry = side["components"][c]
         assert set(entry) == {
@@ -337,9 +346,9 @@ def test_no_still_sample_gives_counts_only() -> None:
     assert out["width_mm"]["still"] == {"samples": 0, "episodes": 0}
 
 
-def test_report_splits_position_and_width_into_moving_and_still(setup) -> None:
+def test_report_splits_position_and_width_into_moving_and_still(setup, evaluated) -> None:
     store, stats, policy = setup
-    report = evaluate(policy, store, stats, CONFIG)["report"]["test"]
+    report = evaluated["report"]["test"]
     for c in ("position_mm", "width_mm"):
         split = report["moving_vs_still"][c]
         assert split["moving"]["samples"] + split["still"]["samples"] == report["samples"]
