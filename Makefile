@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 export DVC_NO_ANALYTICS := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test test-fast lint lock bench smoke clean-demo remote push check-lerobot
+.PHONY: setup demo test test-fast lint lock bench bench-gpu smoke clean-demo remote push check-lerobot
 
 setup: $(STAMP)
 
@@ -70,6 +70,11 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.bench_stats
 	$(BIN)/python -m tests.benchmarks.bench_train
 	$(BIN)/python -m tests.benchmarks.bench_serve
+
+# The real-robot recipe on one GPU (docs/training.md, "The real-robot recipe"): a fixed number of
+# steps, samples/s, peak GPU memory and the loss. Refuses in one line on a machine without CUDA.
+bench-gpu: $(STAMP)
+	$(BIN)/python -m tests.benchmarks.bench_train --gpu
 
 # The LeRobot export loaded by the real lerobot package, in an environment of its own (lerobot 0.6.1
 # needs Python 3.12 and a torch older than this project's; a few GB of downloads, once): every

@@ -1,0 +1,52 @@
+"""The GPU benchmark (`make bench-gpu`): its refusal on a machine without CUDA, and its recipe."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+
+from policypipe.config import from_mapping
+from policypipe.dataset.windows import WindowConfig
+from policypipe.policy.config import PolicyConfig
+from policypipe.training.config import TrainConfig
+from tests.benchmarks.bench_train import REAL_ROBOT
+from tests.conftest import REPO_ROOT
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: the benchmark would run")
+def test_bench_gpu_refuses_in_one_line_without_cuda(tmp_path) -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.bench_train", "--gpu"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"TMPDIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""},
+        timeout=120,
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("bench_train --gpu: no CUDA device here")
+    assert "a CUDA build of torch" in done.stderr
+    assert not list(tmp_path.glob("policypipe-bench-*"))  # refused before building its dataset
+    assert time.monotonic() - started < 60
+
+
+def test_the_real_robot_recipe_is_params_yaml_with_the_real_robot_model() -> None:
+    """What `make bench-gpu` trains, checked here where it cannot run: a valid train config of the
+    real-robot size, whose windows are those the benchmark computes its statistics with."""
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    config = from_mapping(TrainConfig, params["train"] | REAL_ROBOT, "train")
+    assert (config.batch_size, config.mixed_precision, config.num_workers) == (64, "bf16", 8)
+    assert config.model.image_size == (224, 224) and config.model.crop_size == (216, 216)
+    real_robot = PolicyConfig()
+    assert (config.model.encoder_widths, config.model.down_dims) == (
+        real_robot.encoder_widths,
+        real_robot.down_dims,
+    )
+    assert config.window == WindowConfig()
