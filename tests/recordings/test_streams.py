@@ -856,3 +856,12 @@ def test_frames_not_held_are_refused_when_the_file_changed_between_the_readings(
     write_items(path, items[:at])  # rewritten meanwhile: five frames left
     with pytest.raises(RecordingError, match="5 frames on /camera0/image on a second reading"):
         list(streams.camera_data)
+
+
+def test_a_file_that_cannot_be_opened_raises_its_error_not_damage(tmp_path: Path) -> None:
+    folder = tmp_path / "r_vio.mcap"
+    folder.mkdir()  # a folder where a recording should be
+    with pytest.raises(IsADirectoryError):
+        read_streams(folder, Topics())
+    with pytest.raises(IsADirectoryError):
+        read_streams(folder, Topics(), hold_frames=False)

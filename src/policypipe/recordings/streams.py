@@ -179,8 +179,9 @@ def read_streams(
     frames from the file again, one at a time, when iterated: memory holds the capture times and
     the samples, never the frames (a long recording's are gigabytes)."""
     reading = _Reading(topics, grippers, cameras, hold_frames)
+    messages = _file_messages(path, reading.losses)  # a file that cannot be opened raises here
     try:
-        for schema_name, channel, message in _file_messages(path, reading.losses):
+        for schema_name, channel, message in messages:
             reading.add(schema_name, channel, message)
     except RecordingError:
         raise
@@ -194,13 +195,25 @@ def read_streams(
 
 
 def _file_messages(path: Path, losses: ChunkLosses) -> Iterator[tuple[str, Channel, Message]]:
-    """(schema name, channel, message) of every message in file order; damaged chunks to `losses`."""
-    with open(path, "rb") as f:
+    """(schema name, channel, message) of every message in file order; damaged chunks to `losses`.
+    The file is opened now, so that an error opening it is raised by this call, not as damage."""
+    f = open(path, "rb")  # closed by the generator below, or here if the summary fails
+    try:
         summary = chunk_summary(f, path)
         f.seek(0)
-        messages = sequential_messages(f, losses) if summary is None else indexed_messages(f, summary, losses)
-        for schema, channel, message in messages:
-            yield (schema.name if schema is not None else ""), channel, message
+    except BaseException:
+        f.close()
+        raise
+
+    def messages() -> Iterator[tuple[str, Channel, Message]]:
+        with f:
+            records = (
+                sequential_messages(f, losses) if summary is None else indexed_messages(f, summary, losses)
+            )
+            for schema, channel, message in records:
+                yield (schema.name if schema is not None else ""), channel, message
+
+    return messages()
 
 
 def _why_stopped(exc: Exception) -> str:
@@ -222,8 +235,9 @@ class FramesInFile:
 
     def __iter__(self) -> Iterator[bytes]:
         read = 0
+        messages = _file_messages(self.path, ChunkLosses())
         try:
-            for schema_name, channel, message in _file_messages(self.path, ChunkLosses()):
+            for schema_name, channel, message in messages:
                 if read == self.count:
                     return
                 if channel.topic != self.topic or schema_name not in (IMAGE_SCHEMA, VIDEO_SCHEMA):
