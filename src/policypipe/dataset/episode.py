@@ -22,7 +22,7 @@ import numpy as np
 from scipy.spatial.transform import Rotation, Slerp
 
 from policypipe.dataset.convert_config import ConvertConfig
-from policypipe.recordings.h264 import Verdict, check_references
+from policypipe.recordings.h264 import Verdict, each_reference_check
 from policypipe.recordings.messages import RecordingError
 from policypipe.recordings.streams import CameraStream, GripperStreams, Streams, stream_name
 
@@ -325,7 +325,7 @@ def _decode_h264(
     # The decoder failed on a packet since the last IDR: what that cost its references does
     # not show in the bitstream, so everything up to the next IDR is suspect.
     decoder_failed = False
-    for index, (data, check) in enumerate(zip(packets, check_references(packets))):
+    for index, (data, check) in enumerate(each_reference_check(packets)):
         if check.verdict is Verdict.UNREADABLE:
             # Never sent: an empty packet would tell the decoder "end of stream", and a
             # damaged one would leave a concealed picture among its references.

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -48,6 +48,7 @@ __all__ = [
     "Sps",
     "Verdict",
     "check_references",
+    "each_reference_check",
     "is_idr",
     "nal_header",
     "nal_units",
@@ -452,5 +453,12 @@ def check_references(packets: Sequence[bytes]) -> list[PacketCheck]:
     a B-frame nothing refers to) breaks nothing. UNREADABLE packets are not decodable on
     their own account and count as lost for the pictures after them.
     """
+    return [check for _, check in each_reference_check(packets)]
+
+
+def each_reference_check(packets: Iterable[bytes]) -> Iterator[tuple[bytes, PacketCheck]]:
+    """Each packet with its `check_references` verdict, one at a time, in one pass over
+    `packets`: a decoder loop checks and decodes as it reads, never reading the stream twice."""
     tracker = _Tracker(sps={}, pps={})
-    return [tracker.check(packet) for packet in packets]
+    for packet in packets:
+        yield packet, tracker.check(packet)
