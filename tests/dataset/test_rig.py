@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import zarr
 from scipy.spatial.transform import Rotation
 
@@ -224,6 +225,24 @@ def test_evaluations_samples_and_mean_motion_hold_every_gripper(rig_dataset) -> 
     data = WindowDataset(store, [0, 1], window)
     actions = np.stack([data[i]["action"].numpy() for i in range(len(data))]).astype(np.float64)
     np.testing.assert_allclose(mean_motion(store, [0, 1], window), actions.mean(axis=0), atol=1e-6)
+
+
+def test_a_batch_of_rig_samples_read_at_once_with_decoded_frames_is_each_read_alone(rig_dataset) -> None:
+    root, _, _ = rig_dataset
+    store = Path(root.store.root)
+    window = WindowConfig(n_obs_steps=2, horizon=8, n_action_steps=4)
+    plain = WindowDataset(store, [0, 1], window)
+    cached = WindowDataset(store, [0, 1], window)
+    # Room for camera 0's frames and half camera 1's: the rest, the scene camera's, decoded on demand.
+    rows = len(np.unique(plain.streams.observation_frames(plain.anchors, window)[0]))
+    cached.keep_decoded_frames((rows + rows // 2) * 64 * 48 * 3, shared=False)
+    assert [cached._decoded[k].rows_kept for k in (0, 1, SCENE)] == [rows, rows // 2, 0]
+    picked = list(range(0, len(plain), 3))
+    together = cached.__getitems__(picked)
+    assert {"obs_images_camera1", "obs_images_camera2", "obs_valid_camera2"} <= set(together[0])
+    for i, item in zip(picked, together):
+        alone = plain[i]
+        assert item.keys() == alone.keys() and all(torch.equal(item[k], alone[k]) for k in item)
 
 
 def test_version1_and_version2_names_of_gripper0_are_one_stream(rig_export, tmp_path: Path) -> None:

@@ -49,3 +49,16 @@ def test_loads_in_worker_processes(tmp_path: Path) -> None:
     batches = list(DataLoader(ds, batch_size=16, num_workers=2, shuffle=False))
     assert sum(len(b["action"]) for b in batches) == len(ds)
     assert torch.equal(batches[0]["obs_images"][3], ds[3]["obs_images"])
+
+
+def test_a_batch_read_at_once_is_each_sample_read_alone(tmp_path: Path) -> None:
+    # The DataLoader asks for a batch at a time (__getitems__): one vectorised window computation,
+    # one frame read, and the same numbers as sample by sample.
+    make_store(tmp_path / "ds.zarr", drop_fraction=0.2)
+    ds = WindowDataset(tmp_path / "ds.zarr", [0, 2, 3, 5], WINDOW)
+    picked = np.random.default_rng(0).integers(len(ds), size=24).tolist()
+    together = ds.__getitems__(picked)
+    assert len(together) == len(picked)
+    for i, item in zip(picked, together):
+        alone = ds[i]
+        assert item.keys() == alone.keys() and all(torch.equal(item[k], alone[k]) for k in item)

@@ -3,7 +3,8 @@ with windows on the time axis (`dataset.windows`; a joint-space dataset's, `data
 
 The frame times and the recorded pose and width samples (or joint vectors) are small and held in
 memory; a sample interpolates only the few samples its window spans. Images are decoded on demand, in the
-DataLoader's workers, through `FrameShardReader` (never the whole image array in RAM).
+DataLoader's workers, through `FrameShardReader` (never the whole image array in RAM), or, after
+`keep_decoded_frames`, read from memory as far as its budget goes (`dataset.frame_cache`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import zarr
 from torch.utils.data import Dataset
 
 from policypipe.dataset import layout
+from policypipe.dataset.frame_cache import DecodedFrames, cache_budget
 from policypipe.dataset.frame_shards import FrameShardReader
 from policypipe.dataset.joint_windows import open_series
 from policypipe.dataset.windows import WindowConfig
@@ -58,27 +60,59 @@ class WindowDataset(Dataset):
                 f"{window.horizon - window.n_action_steps + 1} action steps need"
             )
         self._frames: dict[int, FrameShardReader] | None = None  # opened in each worker on first use
+        self._decoded: dict[int, DecodedFrames] = {}
+
+    def keep_decoded_frames(self, budget_bytes: int, shared: bool) -> list[str]:
+        """Decodes the frames this dataset's samples show into memory, camera 0's first, as many
+        as `budget_bytes` hold (`dataset.frame_cache`); `shared`: in shared memory, for loading
+        workers started after this. Returns what the user should know (a smaller budget)."""
+        if not self.images:
+            return []
+        budget, note = cache_budget(budget_bytes, shared)
+        rows, _ = self.streams.observation_frames(self.anchors, self.window)
+        for k in [0, *self.cameras]:
+            reader = FrameShardReader(self.store, layout.camera_rgb(k))
+            self._decoded[k] = cache = DecodedFrames(reader, rows, budget, shared)
+            budget -= cache.nbytes
+        return [note] if note else []
 
     def __len__(self) -> int:
         return len(self.anchors)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        w = self.streams.windows(self.anchors[i : i + 1], self.window)
-        rows = w.obs_frames[0]
-        item = {
-            **{k: torch.from_numpy(v.astype(np.float32)) for k, v in w.observation_arrays(0).items()},
-            "action": torch.from_numpy(w.action[0].astype(np.float32)),
-            **{k: torch.from_numpy(v[rows].astype(np.float32)) for k, v in self.row_features.items()},
-        }
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        """Samples `indices`, their windows computed in one vectorised call: what the DataLoader
+        asks for a batch at a time (the same numbers as one sample at a time, `windows.windows`)."""
+        w = self.streams.windows(self.anchors[np.asarray(indices, dtype=np.int64)], self.window)
+        items = [
+            {
+                **{k: torch.from_numpy(v.astype(np.float32)) for k, v in w.observation_arrays(j).items()},
+                "action": torch.from_numpy(w.action[j].astype(np.float32)),
+                **{k: torch.from_numpy(v[rows].astype(np.float32)) for k, v in self.row_features.items()},
+            }
+            for j, rows in enumerate(w.obs_frames)
+        ]
         if not self.images:
-            return item
+            return items
         if self._frames is None:
             self._frames = {k: FrameShardReader(self.store, layout.camera_rgb(k)) for k in [0, *self.cameras]}
-        item["obs_images"] = torch.from_numpy(self._frames[0].read_many(rows))
-        for k in self.cameras:
-            item[f"obs_images_camera{k}"] = torch.from_numpy(self._frames[k].read_many(rows))
-            item[f"obs_valid_camera{k}"] = torch.from_numpy(self.valid[k][rows])
-        return item
+        for k in [0, *self.cameras]:
+            frames = self._read_frames(k, w.obs_frames.reshape(-1))
+            frames = frames.reshape(*w.obs_frames.shape, *frames.shape[1:])  # (M, O, H, W, 3)
+            key = "obs_images" if k == 0 else f"obs_images_camera{k}"
+            for item, rows, sample_frames in zip(items, w.obs_frames, frames):
+                item[key] = torch.from_numpy(sample_frames)
+                if k:
+                    item[f"obs_valid_camera{k}"] = torch.from_numpy(self.valid[k][rows])
+        return items
+
+    def _read_frames(self, camera: int, rows: np.ndarray) -> np.ndarray:
+        decoded = self._decoded.get(camera)
+        if decoded is None:
+            return self._frames[camera].read_many(rows)
+        return decoded.read_many(rows, self._frames[camera])
 
     def __getstate__(self) -> dict:
         # Workers open their own reader: file handles and caches are per process.

@@ -32,7 +32,6 @@ def ema_decay(step: int, config: TrainConfig) -> float:
 
 @torch.no_grad()
 def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
-    for e, p in zip(ema.parameters(), model.parameters()):
-        e.lerp_(p.detach(), 1 - decay)
+    torch._foreach_lerp_(list(ema.parameters()), [p.detach() for p in model.parameters()], 1 - decay)
     for e, b in zip(ema.buffers(), model.buffers()):
         e.copy_(b)
