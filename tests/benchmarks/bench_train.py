@@ -1,5 +1,6 @@
-"""Training benchmark (`make bench`): samples/s and the fraction of step time spent waiting
-for data, for the demo config on this machine (its GPU where it has one, as training does).
+"""Training benchmark (`make bench`): samples/s of the demo config on this machine's CPU, on the
+earlier code path and on params.yaml's, trained in turn in one run, each with where a step's time
+goes; on a machine with a GPU, the demo config there (as training takes it) once.
 
 `--gpu` (`make bench-gpu`) trains the real-robot recipe (`REAL_ROBOT`, docs/training.md, "The
 real-robot recipe") for a fixed number of steps on one GPU and prints samples/s, peak GPU memory
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import tempfile
 import time
 from dataclasses import replace
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 import yaml
 import zarr
+from torch.nn.utils import clip_grad_norm_
 from torch.utils.data import default_collate
 
 from policypipe.atomic import write_json_atomic
@@ -41,6 +44,10 @@ REPO = Path(__file__).resolve().parents[2]
 # The real-robot recipe: the real-robot model size (PolicyConfig's defaults: ResNet-18 widths
 # 64-512, U-Net 256-512-1024), 224x224 frames cropped to 216, batch 64 in bf16, 8 loading workers.
 # params.yaml's train section with these replacing its own (train.model replaced whole).
+# The code path before the throughput work (docs/training.md, "Throughput"): training's crops channel
+# first, AdamW's loop, every frame decoded by each sample. The same bytes as that code (tested).
+EARLIER_PATH = {"channels_last": False, "fused_adamw": False, "frame_cache_mb": 0}
+
 REAL_ROBOT = {
     "batch_size": 64,
     "mixed_precision": "bf16",
@@ -84,39 +91,41 @@ def timed(what, repeats: int) -> float:
 def step_breakdown(
     store: Path, stats: dict, config: TrainConfig, repeats: int = 10
 ) -> list[tuple[str, float]]:
-    """Where a training step's time goes: (part, ms per step), each part timed alone in this
-    process on `config.cpu_threads` threads, on one fixed batch of training samples. In training
-    the data parts run in the loader's workers, beside the model's (`num_workers`)."""
+    """Where a training step's time goes on `config`'s path: (part, ms per step), each part timed
+    alone in this process on `config.cpu_threads` threads, on one fixed batch of training samples.
+    In training the data parts run in the loader's workers, beside the model's (`num_workers`)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(config.cpu_threads)
     try:
         config = replace(config, model=model_for_dataset(config.model, stats))
         data = WindowDataset(store, stats["split"]["train"], config.window)
-        picked = np.random.default_rng(0).integers(len(data), size=config.batch_size)
-        anchors = data.anchors[picked]
-        data[0]  # opens the frame reader
-        frames = data._frames[0]
-        rows = data.streams.windows(anchors, config.window).obs_frames
-        items = [data[int(i)] for i in picked]
+        if config.frame_cache_mb:
+            data.keep_decoded_frames(config.frame_cache_mb * 10**6, shared=False)
+        picked = np.random.default_rng(0).integers(len(data), size=config.batch_size).tolist()
+        items = data.__getitems__(picked)
         parts = [
             (
                 "data: windows (interpolated poses, widths, actions)",
-                timed(lambda: data.streams.windows(anchors, config.window), repeats),
+                timed(lambda: data.streams.windows(data.anchors[picked], config.window), repeats),
             ),
-            ("data: frames (JPEG decode)", timed(lambda: [frames.read_many(r) for r in rows], repeats)),
             (
-                "data: whole samples (both, to tensors)",
-                timed(lambda: [data[int(i)] for i in picked], repeats),
+                "data: a batch of samples (windows, frames, tensors)",
+                timed(lambda: data.__getitems__(picked), repeats),
             ),
             ("data: collation", timed(lambda: default_collate(items), repeats)),
         ]
         batch = default_collate(items)
         torch.manual_seed(0)
-        policy = DiffusionPolicy(config.model)
+        policy = DiffusionPolicy(config.model, channels_last=config.channels_last)
         policy.fit_normalizers(stats)
         policy.train()
         ema = copy.deepcopy(policy).requires_grad_(False)
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        optimizer = torch.optim.AdamW(
+            policy.parameters(),
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            fused=True if config.fused_adamw else None,
+        )
         generator = torch.Generator().manual_seed(0)
 
         def forward_backward() -> None:
@@ -134,6 +143,7 @@ def step_breakdown(
             ),
             ("model: U-Net forward", timed(lambda: policy.denoiser(actions, steps, cond), repeats)),
             ("model: forward and backward", timed(forward_backward, repeats)),
+            ("model: gradient clipping", timed(lambda: clip_grad_norm_(policy.parameters(), 1.0), repeats)),
             ("model: optimizer step (AdamW)", timed(optimizer.step, repeats)),
             ("model: EMA update", timed(lambda: ema_update(ema, policy, 0.999), repeats)),
         ]
@@ -142,12 +152,52 @@ def step_breakdown(
     return [(name, 1000 * seconds) for name, seconds in parts + model]
 
 
+def print_breakdown(breakdown: list[tuple[str, float]], step_ms: float) -> None:
+    print(f"  where a step's time goes (each part alone; a step of the run took {step_ms:.0f} ms):")
+    for name, ms in breakdown:
+        print(f"    {name:<54} {ms:7.1f} ms  {ms / step_ms:6.1%}")
+
+
+def train_for_bench(store: Path, stats: dict, config: TrainConfig, run_dir: Path):
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    result = train(store=store, stats=stats, stats_sha256="bench", config=config, run_dir=run_dir)
+    return result, time.perf_counter() - t0
+
+
+def compare_paths(store: Path, stats: dict, config: TrainConfig, tmp: Path, rounds: int) -> None:
+    """The earlier code path and params.yaml's, trained in turn `rounds` times each (ABAB: these
+    machines' speed drifts), with each one's step breakdown: both figures from one run."""
+    paths = {"earlier path": replace(config, **EARLIER_PATH), "params.yaml's path": config}
+    rates: dict[str, list[float]] = {name: [] for name in paths}
+    for round_ in range(rounds):
+        for name, path in paths.items():
+            result, _ = train_for_bench(store, stats, path, tmp / f"run-{round_}-{len(rates[name])}")
+            rates[name].append(result.samples_per_s)
+    print(
+        f"training, demo config (params.yaml), CPU: {config.steps} steps of batch {config.batch_size}, "
+        f"{sum(p.numel() for p in result.policy.parameters()):,} parameters, "
+        f"{config.cpu_threads} threads, {config.num_workers} loading workers"
+    )
+    for name, path in paths.items():
+        options = ", ".join(f"{key} {getattr(path, key)}" for key in EARLIER_PATH)
+        median = statistics.median(rates[name])
+        print(f"  {name} ({options}):")
+        each = ", ".join(f"{r:.1f}" for r in rates[name])
+        print(f"    samples/s, median of {rounds}          {median:8.1f}  ({each})")
+        print_breakdown(step_breakdown(store, stats, path), 1000 * config.batch_size / median)
+    ratio = statistics.median(rates["params.yaml's path"]) / statistics.median(rates["earlier path"])
+    print(f"  params.yaml's path / earlier path, samples/s: {ratio:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
         "--gpu", action="store_true", help="the real-robot recipe, bf16, 224x224 (needs CUDA)"
     )
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=2, help="CPU: times each path is trained, in turn")
     args = parser.parse_args()
     if args.gpu:
         require_cuda()
@@ -158,32 +208,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="policypipe-bench-") as tmp:
         store, stats_path = build_dataset(Path(tmp), recordings=6, image_size=config.model.image_size)
         stats = json.loads(stats_path.read_text())
-        breakdown = [] if args.gpu else step_breakdown(store, stats, config)
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        result = train(
-            store=store, stats=stats, stats_sha256="bench", config=config, run_dir=Path(tmp) / "run"
-        )
-        wall = time.perf_counter() - t0
-    device = "GPU" if torch.cuda.is_available() else "CPU"  # training takes the GPU where there is one
+        if not torch.cuda.is_available():
+            compare_paths(store, stats, config, Path(tmp), args.rounds)
+            return
+        result, wall = train_for_bench(store, stats, config, Path(tmp) / "run")
     kind = "the real-robot recipe, bf16, 224x224" if args.gpu else "demo config (params.yaml)"
-    kind += f", {device}"
     print(
-        f"training, {kind}: {args.steps} steps of batch {config.batch_size}, "
+        f"training, {kind}, GPU: {args.steps} steps of batch {config.batch_size}, "
         f"{sum(p.numel() for p in result.policy.parameters()):,} parameters"
     )
     print(f"  samples/s                     {result.samples_per_s:8.1f}")
     print(f"  data-wait fraction            {result.data_wait_fraction:8.3f}")
     print(f"  training loss, last step      {result.last_train_loss:8.4f}")
     print(f"  wall time incl. start-up      {wall:8.1f} s")
-    if breakdown:
-        step_ms = 1000 * config.batch_size / result.samples_per_s
-        print(f"  where a step's time goes (each part alone; a step of the run took {step_ms:.0f} ms):")
-        for name, ms in breakdown:
-            print(f"    {name:<54} {ms:7.1f} ms  {ms / step_ms:6.1%}")
-    if torch.cuda.is_available():
-        print(f"  peak GPU memory               {torch.cuda.max_memory_allocated() / 2**30:8.2f} GiB")
+    print(f"  peak GPU memory               {torch.cuda.max_memory_allocated() / 2**30:8.2f} GiB")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The GPU benchmark (`make bench-gpu`): its refusal on a machine without CUDA, and its recipe."""
+"""The training benchmark: the CPU comparison of `make bench`, and `make bench-gpu`'s refusal on a
+machine without CUDA and its recipe."""
 
 from __future__ import annotations
 
@@ -6,17 +7,22 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 import yaml
+import zarr
 
 from policypipe.config import from_mapping
+from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.dataset.windows import WindowConfig
 from policypipe.policy.config import PolicyConfig
 from policypipe.training.config import TrainConfig
-from tests.benchmarks.bench_train import REAL_ROBOT
+from tests.benchmarks.bench_train import REAL_ROBOT, compare_paths
 from tests.conftest import REPO_ROOT
+from tests.dataset.conftest import make_store
+from tests.training.conftest import CONFIG, WINDOW
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: the benchmark would run")
@@ -50,3 +56,17 @@ def test_the_real_robot_recipe_is_params_yaml_with_the_real_robot_model() -> Non
         real_robot.down_dims,
     )
     assert config.window == WindowConfig()
+
+
+def test_make_bench_trains_the_earlier_path_and_params_yamls_in_one_run(tmp_path, capsys) -> None:
+    """The CPU comparison `make bench` prints, on the unit tests' tiny model for a few steps."""
+    make_store(tmp_path / "ds.zarr")
+    stats = compute_statistics(zarr.open_group(tmp_path / "ds.zarr", mode="r"), WINDOW, StatsConfig())
+    stats["dataset_fingerprint"] = {"sha256": "f" * 64}
+    config = replace(CONFIG, steps=3, val_every=10**9, checkpoint_every=10**9, keep_top_k=0)
+    compare_paths(tmp_path / "ds.zarr", stats, config, tmp_path, rounds=1)
+    out = capsys.readouterr().out
+    assert "earlier path (channels_last False, fused_adamw False, frame_cache_mb 0):" in out
+    assert "params.yaml's path (channels_last True, fused_adamw True, frame_cache_mb 1024):" in out
+    assert out.count("model: forward and backward") == 2
+    assert "params.yaml's path / earlier path, samples/s:" in out

@@ -266,3 +266,27 @@ def test_an_absolute_opening_trains_on_the_opening_itself() -> None:
     assert torch.allclose(predicted, data["action"], atol=2e-4)
     with pytest.raises(ValueError, match="width_action must be one of"):
         PolicyConfig(width_action="closed")
+
+
+def test_training_crops_are_the_same_pixels_in_either_layout_cropped_before_normalising() -> None:
+    images = batch(4)["obs_images"].flatten(0, 1)
+    crops = {}
+    for channels_last in (True, False):
+        policy = make_policy()
+        policy.channels_last = channels_last
+        policy.fit_normalizers(fake_stats())
+        generator = torch.Generator().manual_seed(3)
+        crops[channels_last] = policy._pixels(images, policy.image_normalizer, generator)
+    fast, earlier = crops[True], crops[False]
+    assert fast.shape == (8, 3, 28, 28) and torch.equal(fast, earlier)
+    assert fast.is_contiguous(memory_format=torch.channels_last) and earlier.is_contiguous()
+    # The crop positions, drawn as before, on the normalised whole frames: the same numbers.
+    generator = torch.Generator().manual_seed(3)
+    ys = torch.randint(0, 5, (8,), generator=generator).tolist()
+    xs = torch.randint(0, 5, (8,), generator=generator).tolist()
+    whole = policy.image_normalizer(images)
+    expected = torch.stack([img[:, y : y + 28, x : x + 28] for img, y, x in zip(whole, ys, xs)])
+    assert torch.equal(fast, expected)
+    # Inference: the centre crop of the normalised frame.
+    policy.eval()
+    assert torch.equal(policy._pixels(images, policy.image_normalizer, None), whole[:, :, 2:30, 2:30])

@@ -495,22 +495,45 @@ def test_ema_decay_is_clamped_to_the_configured_bounds() -> None:
     assert ema_decay(100, config) == 0.9
 
 
-def test_weights_do_not_depend_on_the_process_thread_count_or_the_data_workers(
+def test_weights_do_not_depend_on_the_process_thread_count_the_data_workers_or_the_frame_cache(
     dataset, tmp_path: Path
 ) -> None:
     # A rerun of the demo differed because intra-op threads follow the machine unless pinned: a sum
-    # split over 2 threads adds in another order than over 1. DataLoader workers only read samples.
+    # split over 2 threads adds in another order than over 1. DataLoader workers only read samples,
+    # and the decoded-frame cache (here in shared memory, for the workers) holds the decoder's bytes.
     previous = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        run_training(dataset, tmp_path / "a", steps=4, num_workers=0)
+        run_training(dataset, tmp_path / "a", steps=4, num_workers=0, frame_cache_mb=0)
         torch.set_num_threads(1)
-        run_training(dataset, tmp_path / "b", steps=4, num_workers=2)
+        run_training(dataset, tmp_path / "b", steps=4, num_workers=2, frame_cache_mb=1)
         assert torch.get_num_threads() == 1  # the caller's setting is left as it was
     finally:
         torch.set_num_threads(previous)
     a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_earlier_code_path_trains_the_same_model_to_within_its_last_bits(dataset, tmp_path: Path) -> None:
+    # channels_last and fused_adamw change how a step is computed, not what: the same loss at the
+    # first step up to float rounding, the weights after a few steps close, and each path its own
+    # bytes, the same on a rerun (both in a run's identity, so a resume refuses the other).
+    earlier = {"channels_last": False, "fused_adamw": False}
+    fast = run_training(dataset, tmp_path / "fast", steps=4, val_every=1)
+    again = run_training(dataset, tmp_path / "again", steps=4, val_every=1)
+    before = run_training(dataset, tmp_path / "earlier", steps=4, val_every=1, **earlier)
+    a, b, c = (weights(tmp_path / name) for name in ("fast", "again", "earlier"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+    # Over all weights: some parameters' gradients are near zero (the spatial softmax's per-map bias
+    # is ignored by a softmax), and Adam scales their rounding up to steps of lr, on either path.
+    difference = sum(((a[k] - c[k]) ** 2).sum() for k in a) ** 0.5
+    assert difference / sum((a[k] ** 2).sum() for k in a) ** 0.5 < 1e-6
+    assert fast.first_val_loss == pytest.approx(before.first_val_loss, rel=1e-6)
+    assert again.best_val_loss == fast.best_val_loss
+    determining = CONFIG.run_determining()
+    assert determining["channels_last"] and determining["fused_adamw"]
+    assert "frame_cache_mb" not in determining  # the same bytes either way
 
 
 @pytest.mark.slow

@@ -66,6 +66,8 @@ def test_the_demo_sections_build() -> None:
         ({"export": "best", "keep_top_k": 0}, {}, ["export 'best'", "keep_top_k >= 1"]),
         ({"min_device_batch": 0}, {}, ["min_device_batch", ">= 1"]),
         ({"num_workers": -1}, {}, ["num_workers", ">= 0"]),
+        ({"frame_cache_mb": -1}, {}, ["frame_cache_mb", ">= 0"]),
+        ({"channels_last": "yes"}, {}, ["channels_last"]),
         ({"cpu_threads": 0}, {}, ["cpu_threads", ">= 1"]),
         ({"ema_power": 0.0}, {}, ["ema_power", "> 0"]),
         ({"ema_inv_gamma": math.nan}, {}, ["ema_inv_gamma", "> 0"]),

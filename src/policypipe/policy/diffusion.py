@@ -40,9 +40,14 @@ from policypipe.policy.unet import ConditionalUnet1D
 
 
 class DiffusionPolicy(nn.Module):
-    def __init__(self, config: PolicyConfig) -> None:
+    """`channels_last`: training's crops reach the encoder laid out channel last, where oneDNN's
+    CPU convolutions are faster (train.channels_last; inference's centre crop always is). The same
+    model: only the sums' order, and so the weights' last bits, differ."""
+
+    def __init__(self, config: PolicyConfig, *, channels_last: bool = True) -> None:
         super().__init__()
         self.config = config
+        self.channels_last = channels_last
         self.image_normalizer = ImageNormalizer()
         if config.joint_space:
             self.state_normalizer = LowDimNormalizer(config.action_dim, config.normalization)
@@ -167,16 +172,28 @@ class DiffusionPolicy(nn.Module):
             shift[:, 0, self._width_dims()] = obs_width[:, -1, :]
         return shift
 
-    def _crop(self, images: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        """(N, 3, H, W): a random crop per image in training, the centre crop otherwise."""
+    def _pixels(
+        self, images: torch.Tensor, normalizer: ImageNormalizer, generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """(N, H, W, 3) uint8 -> (N, 3, h, w) standardised crops: a random crop per image in
+        training, the centre crop otherwise. Cropped before normalising: the same values as the
+        other way round (each pixel on its own), for the pixels that are kept only.
+
+        The layout decides the convolutions' last bits, so each path keeps the one it had when the
+        crops were cut from normalised frames: the centre crop a view of a channel-last frame,
+        training's crops stacked channel first unless `channels_last`."""
         cw, ch = self.config.crop_size
-        h, w = images.shape[-2:]
-        if self.training:
-            ys = torch.randint(0, h - ch + 1, (len(images),), generator=generator, device="cpu").tolist()
-            xs = torch.randint(0, w - cw + 1, (len(images),), generator=generator, device="cpu").tolist()
-            return torch.stack([img[:, y : y + ch, x : x + cw] for img, y, x in zip(images, ys, xs)])
-        y, x = (h - ch) // 2, (w - cw) // 2
-        return images[:, :, y : y + ch, x : x + cw]
+        h, w = images.shape[-3:-1]
+        if not self.training:
+            y, x = (h - ch) // 2, (w - cw) // 2
+            return normalizer(images[:, y : y + ch, x : x + cw])
+        ys = torch.randint(0, h - ch + 1, (len(images),), generator=generator, device="cpu").tolist()
+        xs = torch.randint(0, w - cw + 1, (len(images),), generator=generator, device="cpu").tolist()
+        if self.channels_last:
+            return normalizer(torch.stack([img[y : y + ch, x : x + cw] for img, y, x in zip(images, ys, xs)]))
+        channel_first = images.movedim(-1, -3)
+        crops = [img[:, y : y + ch, x : x + cw] for img, y, x in zip(channel_first, ys, xs)]
+        return normalizer.channel_first(torch.stack(crops))
 
     def condition(
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
@@ -189,7 +206,7 @@ class DiffusionPolicy(nn.Module):
         else:
             images = batch["obs_images"]
             b, o = images.shape[:2]
-            pixels = self._crop(self.image_normalizer(images.flatten(0, 1)), generator)
+            pixels = self._pixels(images.flatten(0, 1), self.image_normalizer, generator)
             features = [self.encoder(pixels).view(b, o, -1)]
         for k in range(1, self.config.cameras):
             features.append(self._camera_features(k, batch, generator))
@@ -210,7 +227,7 @@ class DiffusionPolicy(nn.Module):
         b, o = images.shape[:2]
         normalizer = self.camera_image_normalizers[k - 1]
         encoder = self.encoder if self.config.shared_camera_encoder else self.camera_encoders[k - 1]
-        pixels = self._crop(normalizer(images.flatten(0, 1)), generator)
+        pixels = self._pixels(images.flatten(0, 1), normalizer, generator)
         features = encoder(pixels).view(b, o, -1)
         valid = batch[f"obs_valid_camera{k}"].bool()[..., None]
         return torch.where(valid, features, self.absent_camera[k - 1].expand_as(features))

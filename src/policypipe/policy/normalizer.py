@@ -72,6 +72,10 @@ class ImageNormalizer(nn.Module):
         self.std.copy_(torch.tensor(stats["std"], dtype=torch.float32).clamp_min(1e-3))
 
     def forward(self, images_uint8: torch.Tensor) -> torch.Tensor:
-        """(..., H, W, 3) uint8 -> (..., 3, H, W) float, standardised."""
-        x = images_uint8.movedim(-1, -3).float() / 255.0
+        """(..., H, W, 3) uint8 -> (..., 3, H, W) float, standardised (a channel-last layout)."""
+        return self.channel_first(images_uint8.movedim(-1, -3))
+
+    def channel_first(self, images_uint8: torch.Tensor) -> torch.Tensor:
+        """(..., 3, H, W) uint8 -> float, standardised, in the layout the images have."""
+        x = images_uint8.float() / 255.0
         return (x - self.mean[:, None, None]) / self.std[:, None, None]

@@ -52,7 +52,15 @@ class TrainConfig:
     # adds in another order), so it is pinned, not left to the machine's core count.
     cpu_threads: int = 1
     mixed_precision: str = "no"  # "no" | "bf16"
+    # How a step is computed, not what (docs/training.md, "Throughput"): training's crops laid out
+    # channel last for the encoder, and AdamW's fused kernel. Each changes the order of sums and so
+    # the weights' last bits: both are part of a run's identity. Both false: the earlier code path.
+    channels_last: bool = True
+    fused_adamw: bool = True
     num_workers: int = 2
+    # Decoded training frames kept in memory, up to this many MB (dataset.frame_cache); 0: every
+    # sample decodes its frames. The same bytes either way: only the time changes.
+    frame_cache_mb: int = 1024
     val_every: int = 100
     val_batches: int = 4
     checkpoint_every: int = 200
@@ -97,7 +105,8 @@ class TrainConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "keep_top_k", "num_workers"):  # keep_top_k 0: `latest` only
+        # keep_top_k 0: `latest` only; frame_cache_mb 0: no decoded frames kept.
+        for name in ("warmup_steps", "keep_top_k", "num_workers", "frame_cache_mb"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         # `not x > 0` is true for NaN too. A zero learning rate never moves the weights, and a zero
@@ -155,6 +164,7 @@ class TrainConfig:
         # fallback changes it); a resumed run keeps the accumulation its checkpoint was made with.
         for key in (
             "num_workers",
+            "frame_cache_mb",
             "fallback_dir",
             "val_every",
             "val_batches",

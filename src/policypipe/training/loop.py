@@ -225,10 +225,15 @@ def _train_once(
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)  # noise, diffusion steps, crops
 
-    policy = DiffusionPolicy(config.model)
+    policy = DiffusionPolicy(config.model, channels_last=config.channels_last)
     policy.fit_normalizers(stats)
     ema = copy.deepcopy(policy).requires_grad_(False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        policy.parameters(),
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        fused=True if config.fused_adamw else None,  # None: torch's default, a loop on the CPU
+    )
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup_steps, config.steps)
     )
@@ -258,6 +263,9 @@ def _train_once(
     accelerator.wait_for_everyone()
     sampler = EpochSampler(len(train_set), config.batch_size, config.seed, start_step)
 
+    # Before the loading workers start: they share what is decoded here.
+    for note in train_set.keep_decoded_frames(config.frame_cache_mb * 10**6, shared=config.num_workers > 0):
+        log.warning(note)
     policy, optimizer = accelerator.prepare(policy, optimizer)
     ema.to(accelerator.device)
     loader = DataLoader(
