@@ -99,7 +99,10 @@ def test_a_pool_left_by_an_exception_runs_no_task_not_started_and_waits_for_the_
         futures = [pool.submit(_append_after_a_while, str(log)) for _ in range(5)]
         time.sleep(0.1)  # the first one is running
         raise KeyboardInterrupt
-    # The running one finished before the pool was left, and at most the one the pool had handed its
-    # worker's queue already (concurrent.futures queues one call ahead); the other three never ran.
-    assert log.read_text() in ("ran\n", "ran\nran\n")
-    assert sum(f.cancelled() for f in futures) >= 3
+    # What had started finished before the pool was left: the running one and those already handed to
+    # the worker's queue (concurrent.futures fills it to max_workers + 1 calls, so on a loaded machine
+    # two may wait there behind the running one). Every other task was cancelled and never ran.
+    started = [f for f in futures if not f.cancelled()]
+    assert all(f.done() and f.exception() is None for f in started)
+    assert log.read_text() == "ran\n" * len(started)
+    assert len(started) <= 3
