@@ -171,6 +171,30 @@ def test_resume_is_refused_when_the_run_would_differ(
     assert state_file.is_file()  # nothing was thrown away
 
 
+def test_a_run_recorded_before_the_code_path_keys_resumes_on_the_earlier_path_only(
+    dataset, tmp_path: Path
+) -> None:
+    # A checkpoint of the code before train.channels_last and train.fused_adamw records neither:
+    # it was computed with both off, so it resumes so, and the new defaults are refused by name.
+    from policypipe.training.checkpoint import TrainingState, save_checkpoint
+
+    earlier = {"channels_last": False, "fused_adamw": False}
+    run_dir = tmp_path / "run"
+    run_training(dataset, run_dir, stop_after=4, **earlier)
+    latest = run_dir / "checkpoints" / "latest"
+    state = load_checkpoint(latest)
+    for key in earlier:
+        del state.trainer["config"][key]
+    save_checkpoint(
+        latest, TrainingState(state.model, state.ema, state.optimizer, state.trainer, state.rng_tensors)
+    )
+    with pytest.raises(
+        CheckpointError, match=r"train.channels_last: False -> True.*fused_adamw: False -> True"
+    ):
+        run_training(dataset, run_dir)
+    assert run_training(dataset, run_dir, **earlier).resumed_from == 4
+
+
 def _mark_unfinished(run_dir: Path) -> None:
     """Turns a finished `latest` into an unfinished one, with a valid manifest."""
     from policypipe.training.checkpoint import TrainingState, save_checkpoint

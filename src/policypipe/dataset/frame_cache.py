@@ -1,10 +1,11 @@
 """Decoded frames kept in memory for training: each JPEG decoded once a run, not once a sample.
 
-A frame is in n_obs_steps samples an epoch and a run goes through many epochs, so decoding on
-demand decodes every frame tens of times; on 2 CPU cores the loading workers' decoding takes
-cycles from the step itself (docs/training.md, "Throughput"). `DecodedFrames` decodes the frames
-the samples can show up front, up to a budget in bytes, into one uint8 array; what does not fit
-is decoded on demand as before. The bytes are the decoder's either way: the weights do not change.
+A frame is in n_obs_steps samples an epoch and a run goes through several epochs (the demo about
+7), so decoding on demand decodes every frame over a dozen times; on 2 CPU cores the loading
+workers' decoding takes cycles from the step itself (docs/training.md, "Throughput").
+`DecodedFrames` decodes the frames the samples can show up front, up to a budget in bytes, into
+one uint8 array; what does not fit is decoded on demand as before. The bytes are the decoder's
+either way: the weights do not change.
 
 With loading workers the array is in shared memory, filled before they start, which then only
 read it: one copy for all of them, and nothing to synchronise.
@@ -91,6 +92,6 @@ def cache_budget(budget_bytes: int, shared: bool) -> tuple[int, str | None]:
     return allowed, (
         f"{SHARED_MEMORY} has {free / 1e6:.0f} MB free, so the decoded-frame cache takes "
         f"{allowed / 1e6:.0f} MB of train.frame_cache_mb's {budget_bytes / 1e6:.0f}; the rest is decoded "
-        "on demand (give the "
-        "container more shared memory, e.g. docker run --shm-size, or set train.num_workers 0)"
+        "on demand (give the container more shared memory, e.g. docker run --shm-size, or set "
+        "train.num_workers 0)"
     )

@@ -115,7 +115,8 @@ class WindowDataset(Dataset):
         return decoded.read_many(rows, self._frames[camera])
 
     def __getstate__(self) -> dict:
-        # Workers open their own reader: file handles and caches are per process.
+        # Workers open their own readers (file handles and index caches are per process); the decoded
+        # frames go with the dataset, in shared memory when there are workers.
         state = dict(self.__dict__)
         state["_frames"] = None
         return state

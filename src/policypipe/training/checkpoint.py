@@ -185,6 +185,12 @@ LATEST = "latest"
 # ---------------------------------------------------------------- the run
 
 
+# What a run recorded before these keys were in a run's identity was computed with (the earlier
+# code path, docs/training.md "Throughput"): such a run resumes with them set so, and is refused,
+# naming them, with other values.
+RECORDED_BEFORE_KEYS = {"channels_last": False, "fused_adamw": False}
+
+
 @dataclass(frozen=True)
 class RunIdentity:
     config: dict[str, Any]
@@ -197,7 +203,7 @@ class RunIdentity:
             found.append("the dataset (fingerprint) changed")
         if recorded.get("stats_sha256") != self.stats_sha256:
             found.append("the normalization statistics changed")
-        old = recorded.get("config", {})
+        old = RECORDED_BEFORE_KEYS | recorded.get("config", {})
         for key in sorted(set(old) | set(self.config)):
             if old.get(key) != self.config.get(key):
                 found.append(f"train.{key}: {old.get(key)!r} -> {self.config.get(key)!r}")
