@@ -35,19 +35,21 @@ from policypipe.dataset.windows import WindowConfig
 from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.recordings.pairing import PairConfig, pair_export
 from policypipe.synthetic.export import SampleConfig, write_sample_export
+from policypipe.training.checkpoint import RECORDED_BEFORE_KEYS
 from policypipe.training.config import TrainConfig, model_for_dataset
-from policypipe.training.loop import train
+from policypipe.training.loop import adamw, train
 from policypipe.training.schedules import ema_update
 
 REPO = Path(__file__).resolve().parents[2]
 
+# The code path before the throughput work (docs/training.md, "Throughput"): training's crops channel
+# first, AdamW's loop (what a run recorded before those keys computed with), every frame decoded by
+# each sample. The same bytes as that code (tested).
+EARLIER_PATH = RECORDED_BEFORE_KEYS | {"frame_cache_mb": 0}
+
 # The real-robot recipe: the real-robot model size (PolicyConfig's defaults: ResNet-18 widths
 # 64-512, U-Net 256-512-1024), 224x224 frames cropped to 216, batch 64 in bf16, 8 loading workers.
 # params.yaml's train section with these replacing its own (train.model replaced whole).
-# The code path before the throughput work (docs/training.md, "Throughput"): training's crops channel
-# first, AdamW's loop, every frame decoded by each sample. The same bytes as that code (tested).
-EARLIER_PATH = {"channels_last": False, "fused_adamw": False, "frame_cache_mb": 0}
-
 REAL_ROBOT = {
     "batch_size": 64,
     "mixed_precision": "bf16",
@@ -120,12 +122,7 @@ def step_breakdown(
         policy.fit_normalizers(stats)
         policy.train()
         ema = copy.deepcopy(policy).requires_grad_(False)
-        optimizer = torch.optim.AdamW(
-            policy.parameters(),
-            lr=config.lr,
-            weight_decay=config.weight_decay,
-            fused=True if config.fused_adamw else None,
-        )
+        optimizer = adamw(policy, config)
         generator = torch.Generator().manual_seed(0)
 
         def forward_backward() -> None:
@@ -172,8 +169,8 @@ def compare_paths(store: Path, stats: dict, config: TrainConfig, tmp: Path, roun
     paths = {"earlier path": replace(config, **EARLIER_PATH), "params.yaml's path": config}
     rates: dict[str, list[float]] = {name: [] for name in paths}
     for round_ in range(rounds):
-        for name, path in paths.items():
-            result, _ = train_for_bench(store, stats, path, tmp / f"run-{round_}-{len(rates[name])}")
+        for index, (name, path) in enumerate(paths.items()):  # a run folder each: none resumes another
+            result, _ = train_for_bench(store, stats, path, tmp / f"run-{round_}-{index}")
             rates[name].append(result.samples_per_s)
     print(
         f"training, demo config (params.yaml), CPU: {config.steps} steps of batch {config.batch_size}, "

@@ -56,6 +56,17 @@ def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
+def adamw(policy: torch.nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """The training's optimizer, on `train.fused_adamw`'s kernel (None: torch's default, a loop on
+    the CPU)."""
+    return torch.optim.AdamW(
+        policy.parameters(),
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        fused=True if config.fused_adamw else None,
+    )
+
+
 @torch.no_grad()
 def validation_loss(
     policy: DiffusionPolicy, batches: list[dict[str, torch.Tensor]], device, seed: int
@@ -228,12 +239,7 @@ def _train_once(
     policy = DiffusionPolicy(config.model, channels_last=config.channels_last)
     policy.fit_normalizers(stats)
     ema = copy.deepcopy(policy).requires_grad_(False)
-    optimizer = torch.optim.AdamW(
-        policy.parameters(),
-        lr=config.lr,
-        weight_decay=config.weight_decay,
-        fused=True if config.fused_adamw else None,  # None: torch's default, a loop on the CPU
-    )
+    optimizer = adamw(policy, config)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup_steps, config.steps)
     )
