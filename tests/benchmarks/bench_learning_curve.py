@@ -50,8 +50,11 @@ from tests.benchmarks.bench_seeds import override
 REPO = Path(__file__).resolve().parents[2]
 
 
-def dataset_for(out: Path, image_size: tuple[int, int] | None, raw: Path | None = None) -> Path:
-    """The pipeline's dataset, or `raw` (default data/raw) converted at `image_size` into `out`."""
+def dataset_for(
+    out: Path, image_size: tuple[int, int] | None, raw: Path | None = None, cache: Path | None = None
+) -> Path:
+    """The pipeline's dataset, or `raw` (default data/raw) converted at `image_size` into `out`,
+    through the per-recording conversion cache `cache` (default: out/convert-cache)."""
     params = from_mapping(ConvertConfig, read_section(REPO / "params.yaml", "convert"), "convert")
     convert = replace(params, image_size=tuple(image_size or params.image_size))
     if raw is None and convert == params:
@@ -66,7 +69,7 @@ def dataset_for(out: Path, image_size: tuple[int, int] | None, raw: Path | None 
             write_json_atomic(manifest, result.manifest())
     store = out / f"dataset-{convert.image_size[0]}x{convert.image_size[1]}.zarr"
     if not store.exists():
-        convert_dataset(manifest, raw or REPO / "data/raw", store, out / "convert-cache", convert)
+        convert_dataset(manifest, raw or REPO / "data/raw", store, cache or out / "convert-cache", convert)
     return store
 
 

@@ -1,0 +1,181 @@
+"""Closed-loop success after rounds of corrections (DAgger; docs/rollout.md, "Corrections"): per
+training seed, the plain policy, then round after round of `policypipe corrections` from the last
+round's policy, each round's policy trained afresh on everything so far at the same budget.
+
+    python -m tests.benchmarks.bench_corrections --out runs/dagger --rounds 3 --seeds 0 1 2 \\
+        --image-size 64 64 --set train.model.crop_size=[56,56] --set train.batch_size=128 \\
+        --set policy.n_obs_steps=1 --set train.steps=750
+
+For seed s and round r (0: no corrections), the export is --raw (default data/raw) with rounds 1..r
+of seed s's own corrections beside its sessions (hard links; a correction round is written by the
+policy of round r - 1 of the same seed, with its noise seeded s). Every round's policy trains from
+scratch for train.steps with training seed s, so rounds differ only in their data. Rollouts run on
+scenes from --first-seed (1000 on, where choices are made; the rollout stage reports 0-49), and the
+correction rounds on their own scenes (`corrections.correction_scene`), which no rollout uses.
+`--rounds 0 --raw RECOVERY_EXPORT` measures another export (recovery demonstrations) the same way.
+Results go to OUT/results.json as they come; a rerun skips what is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import zarr
+
+from policypipe.atomic import write_json_atomic
+from policypipe.config import read_section
+from policypipe.lineage.hashing import sha256_file
+from policypipe.policy.export import save_policy
+from policypipe.rollout.corrections import CorrectionConfig, session_folder, write_corrections
+from policypipe.rollout.report import RolloutStageConfig
+from policypipe.runtime.spec import spec_of_training
+from policypipe.training.config import train_config_from_params
+from policypipe.training.loop import train
+from tests.benchmarks.bench_learning_curve import REPO, dataset_for, rollout_summary, statistics_for
+from tests.benchmarks.bench_seeds import override
+
+
+def linked_export(source: Path, target: Path) -> Path:
+    """`target` as a copy of the export `source` made of hard links (no file is written in place:
+    corrections add session folders beside the copied ones)."""
+    if not target.exists():
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(source, partial, copy_function=os.link)
+        os.replace(partial, target)
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=3, help="correction rounds after the plain policy")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--image-size", type=int, nargs=2, metavar=("WIDTH", "HEIGHT"))
+    parser.add_argument("--raw", type=Path, default=REPO / "data/raw", help="the export to start from")
+    parser.add_argument("--correction-episodes", type=int, default=50, help="scenes a round drives in")
+    parser.add_argument("--takeover-every", type=float, default=2.0)
+    parser.add_argument("--first-seed", type=int, default=1000)
+    parser.add_argument("--episodes", type=int, default=50)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    if args.rounds < 0:
+        parser.error("--rounds must be 0 or more")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    sections = {name: read_section(REPO / "params.yaml", name) for name in ("train", "policy")}
+    if args.image_size:
+        sections["train"].setdefault("model", {})["image_size"] = list(args.image_size)
+    for assignment in args.overrides:
+        override(sections, assignment)
+    config = train_config_from_params(sections["train"], sections["policy"])
+    stage = RolloutStageConfig(episodes=args.episodes, first_seed=args.first_seed, videos=0)
+
+    results_path = args.out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results |= {
+        "raw": str(args.raw),
+        "overrides": args.overrides,
+        "image_size": list(config.model.image_size),
+        "window": asdict(config.window),
+        "batch_size": config.batch_size,
+        "steps": config.steps,
+        "samples": config.steps * config.batch_size,
+        "scenes": [args.first_seed, args.first_seed + args.episodes - 1],
+        "correction_episodes": args.correction_episodes,
+        "takeover_every_s": args.takeover_every,
+    }
+    points = results.setdefault("points", {})
+    for seed in args.seeds:
+        seed_dir = args.out / f"seed{seed}"
+        export = linked_export(args.raw, seed_dir / "export")
+        for round_ in range(args.rounds + 1):
+            key = f"seed{seed}/round{round_}"
+            round_dir = seed_dir / f"round{round_}"
+            policy = round_dir / "policy"
+            if key not in points:
+                started = time.monotonic()
+                store = dataset_for(round_dir, args.image_size, export, cache=seed_dir / "convert-cache")
+                stats_path = statistics_for(store, config.window, round_dir)
+                stats = json.loads(stats_path.read_text())
+                recordings = len(json.loads((round_dir / "manifest.json").read_text())["recordings"])
+                convert_s = time.monotonic() - started
+                started = time.monotonic()
+                result = train(
+                    store=store,
+                    stats=stats,
+                    stats_sha256=sha256_file(stats_path),
+                    config=replace(config, seed=seed),
+                    run_dir=round_dir / "run",
+                )
+                train_s = time.monotonic() - started
+                spec = spec_of_training(
+                    dict(zarr.open_group(store, mode="r").attrs), stats, sha256_file(stats_path)
+                )
+                save_policy(
+                    policy,
+                    result.policy,
+                    {
+                        "dataset_fingerprint": stats["dataset_fingerprint"]["sha256"],
+                        "stats_sha256": sha256_file(stats_path),
+                        "steps": result.steps,
+                        "overrides": args.overrides,
+                        "correction_rounds": round_,
+                    },
+                    spec.to_json(),
+                )
+                started = time.monotonic()
+                point = {
+                    "seed": seed,
+                    "round": round_,
+                    "recordings": recordings,
+                    "convert_s": round(convert_s, 1),
+                    "train_s": round(train_s, 1),
+                    "samples_per_s": round(result.samples_per_s, 1),
+                } | rollout_summary(policy, stage, args.workers)
+                point["rollout_s"] = round(time.monotonic() - started, 1)
+                points[key] = point
+                write_json_atomic(results_path, results)
+                low, high = point["wilson_ci95"]
+                print(
+                    f"seed {seed}, round {round_} ({recordings} recordings, {train_s / 60:.1f} min "
+                    f"training): success {point['success_rate']:.0%} [{low:.0%}, {high:.0%}], grasped "
+                    f"{point['grasp_rate']:.0%}; {point['outcomes']}",
+                    flush=True,
+                )
+            next_round = round_ + 1
+            if next_round <= args.rounds and not (export / session_folder(next_round)).exists():
+                started = time.monotonic()
+                folder, scenes = write_corrections(
+                    policy,
+                    export,
+                    CorrectionConfig(
+                        round=next_round,
+                        episodes=args.correction_episodes,
+                        takeover_every_s=args.takeover_every,
+                        seed=seed,
+                    ),
+                    workers=args.workers,
+                )
+                written = sum(len(s.stems) for s in scenes)
+                points[key]["next_round"] = {
+                    "corrections": written,
+                    "corrections_s": round(time.monotonic() - started, 1),
+                }
+                write_json_atomic(results_path, results)
+                print(f"seed {seed}: round {next_round}, {written} corrections in {folder}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
