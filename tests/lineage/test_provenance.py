@@ -5,8 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from policypipe.lineage.hashing import sha256_file
-from policypipe.lineage.provenance import StageRun, read_lock
+from policypipe.lineage.provenance import StageRun, cpu_model, read_lock
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t",
@@ -69,6 +71,27 @@ def test_record_holds_code_environment_host_command_params_and_hashes(tmp_path: 
     assert acc["device"] in ("cpu", "cuda") and isinstance(acc["gpus"], list)
     host = record["host"]
     assert host["hostname"] and host["cpu_count"] >= 1 and host["memory_bytes"] > 0
+    assert host["cpu_model"] == cpu_model() and host["cpu_model"]
+
+
+def test_cpu_model_is_the_processors_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    if Path("/proc/cpuinfo").exists():
+        names = [
+            line.partition(":")[2].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.partition(":")[0].strip() in ("model name", "Hardware")
+        ]
+        if names:
+            assert cpu_model() == names[0]
+
+    # Where /proc/cpuinfo cannot be read (macOS, a sandbox), another source names it or None does.
+    def no_cpuinfo(*args: object, **kwargs: object) -> None:
+        raise OSError("no /proc/cpuinfo")
+
+    monkeypatch.setattr("builtins.open", no_cpuinfo)
+    monkeypatch.setattr("platform.processor", lambda: "")
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert cpu_model() is None
 
 
 RECORD_IN_FRESH_PROCESS = """

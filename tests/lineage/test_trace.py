@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from policypipe.lineage.provenance import cpu_model
 from tests.workspace import env, run
 
 pytestmark = pytest.mark.slow
@@ -33,6 +34,7 @@ def test_policy_lineage_reaches_every_recording_with_commit_and_machine(pipeline
     for stage in ("train", "stats", "convert", "pair"):
         line = next(line for line in done.stdout.splitlines() if line.startswith(f"<- {stage} run"))
         assert f"commit {code_commit[:12]}" in line and " on " in line
+        assert f"(cpu: {cpu_model()})" in line  # which CPU: 2-core machines differ about 3x
     assert f"dataset fingerprint {stats['dataset_fingerprint']['sha256']}" in done.stdout
     assert len(recording_lines(pipeline_repo)) == 9
     for line in recording_lines(pipeline_repo):

@@ -56,6 +56,7 @@ class Run:
             "changed_files": len(git.get("dirty_files", git.get("changed_files", []))),
             "host": host.get("hostname"),
             "device": acc.get("device"),
+            "cpu": host.get("cpu_model"),  # absent from records before it was recorded
             "gpus": [g.get("name") for g in gpus],
             "torch": acc.get("torch"),
             "record": self.found_in,
@@ -271,6 +272,8 @@ def _describe_run(link: dict[str, Any]) -> str:
     commit = (link.get("commit") or "?")[:12]
     dirty = f" +{link['changed_files']} uncommitted code/params" if link.get("dirty") else ""
     device = ", ".join(link["gpus"]) if link.get("gpus") else link.get("device") or "?"
+    if device == "cpu" and link.get("cpu"):
+        device = f"cpu: {link['cpu']}"  # 2-core machines differ about 3x in speed: which one
     where = "" if link.get("record") == "working tree" else f" [record from {link['record'][:19]}]"
     return f"{link['started_at']}  commit {commit}{dirty}  on {link.get('host')} ({device}){where}"
 
