@@ -14,6 +14,10 @@ scenes from --first-seed (1000 on, where choices are made; the rollout stage rep
 correction rounds on their own scenes (`corrections.correction_scene`), which no rollout uses.
 `--rounds 0 --raw RECOVERY_EXPORT` measures another export (recovery demonstrations) the same way.
 Results go to OUT/results.json as they come; a rerun skips what is there.
+
+`--table` prints the measured table instead of measuring (`--also LABEL=DIR` adds another run's
+rows, e.g. the recovery export's), and `--docs BLOCK` writes it into docs/rollout.md between
+`<!-- bench:BLOCK ... -->` and `<!-- /bench:BLOCK -->`.
 """
 
 from __future__ import annotations
@@ -27,19 +31,23 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
 import zarr
 
 from policypipe.atomic import write_json_atomic
 from policypipe.config import read_section
 from policypipe.lineage.hashing import sha256_file
+from policypipe.lineage.provenance import cpu_model
 from policypipe.policy.export import save_policy
 from policypipe.rollout.corrections import CorrectionConfig, session_folder, write_corrections
-from policypipe.rollout.report import RolloutStageConfig
+from policypipe.rollout.report import RolloutStageConfig, wilson_interval
 from policypipe.runtime.spec import spec_of_training
 from policypipe.training.config import train_config_from_params
 from policypipe.training.loop import train
 from tests.benchmarks.bench_learning_curve import REPO, dataset_for, rollout_summary, statistics_for
+from tests.benchmarks.bench_rollout_success import success_ci_over_seeds_and_scenes
 from tests.benchmarks.bench_seeds import override
+from tests.benchmarks.docs_block import replace_block
 
 
 def linked_export(source: Path, target: Path) -> Path:
@@ -51,6 +59,50 @@ def linked_export(source: Path, target: Path) -> Path:
         shutil.copytree(source, partial, copy_function=os.link)
         os.replace(partial, target)
     return target
+
+
+def table(runs: dict[str, dict]) -> str:
+    """A Markdown table of measured rounds, one row per run and round: each seed's success, then
+    over seeds the mean with its 95 % CI over seeds and scenes (where the results hold each
+    episode's outcome) and the pooled Wilson interval, the grasp rate, and the most frequent
+    outcomes. `runs` maps a label to a results.json."""
+    lines = [
+        "| data | recordings (per seed) | success per seed | success, mean over seeds [95 % CI] "
+        "| pooled Wilson 95 % | grasped | outcomes, all seeds |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for label, results in runs.items():
+        by_round: dict[int, list[dict]] = {}
+        for point in results["points"].values():
+            by_round.setdefault(point["round"], []).append(point)
+        for round_, points in sorted(by_round.items()):
+            points.sort(key=lambda p: p["seed"])
+            episodes = sum(sum(p["outcomes"].values()) for p in points)
+            won = sum(p["outcomes"].get("success", 0) for p in points)
+            mean = sum(p["success_rate"] for p in points) / len(points)
+            interval = ""
+            if all("episode_outcomes" in p for p in points):
+                matrix = np.array([[o == "success" for o in p["episode_outcomes"]] for p in points], float)
+                low, high = success_ci_over_seeds_and_scenes(matrix)
+                interval = f" [{100 * low:.1f}, {100 * high:.1f}]"
+            pooled = wilson_interval(won, episodes)
+            grasped = sum(p["grasp_rate"] * sum(p["outcomes"].values()) for p in points) / episodes
+            outcomes: dict[str, int] = {}
+            for p in points:
+                for outcome, n in p["outcomes"].items():
+                    outcomes[outcome] = outcomes.get(outcome, 0) + n
+            top = ", ".join(
+                f"{n} {o.replace('_', ' ')}" for o, n in sorted(outcomes.items(), key=lambda x: (-x[1], x[0]))
+            )
+            per_seed = ", ".join(f"{p['success_rate']:.0%}" for p in points)
+            name = label if round_ == 0 else f"{label} and {round_} round{'s' * (round_ > 1)} of corrections"
+            lines.append(
+                f"| {name} | {', '.join(str(p['recordings']) for p in points)} "
+                f"| {per_seed} "
+                f"| {100 * mean:.1f} %{interval} | [{100 * pooled[0]:.1f}, {100 * pooled[1]:.1f}] "
+                f"| {grasped:.0%} | {top} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -68,7 +120,26 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=1000)
     parser.add_argument("--episodes", type=int, default=50)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--table", action="store_true", help="print the table of --out, measure nothing")
+    parser.add_argument("--also", action="append", default=[], metavar="LABEL=DIR", help="with --table")
+    parser.add_argument("--label", default="plain", help="with --table: the label of --out's rows")
+    parser.add_argument("--docs", metavar="BLOCK", help="with --table: write it into docs/rollout.md")
     args = parser.parse_args()
+    if args.table:
+        runs = {args.label: args.out}
+        for assignment in args.also:
+            label, sep, folder = assignment.partition("=")
+            if not sep:
+                parser.error(f"--also {assignment!r}: expected LABEL=DIR")
+            runs[label] = Path(folder)
+        missing = [str(d / "results.json") for d in runs.values() if not (d / "results.json").exists()]
+        if missing:
+            parser.error(f"no results in {', '.join(missing)}: run the benchmark there first")
+        text = table({label: json.loads((d / "results.json").read_text()) for label, d in runs.items()})
+        print(text, end="")
+        if args.docs:
+            replace_block(REPO / "docs/rollout.md", args.docs, text)
+        return
     if args.rounds < 0:
         parser.error("--rounds must be 0 or more")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -85,6 +156,7 @@ def main() -> None:
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     results |= {
+        "cpu_model": cpu_model(),  # the minutes below differ about 3x between 2-core machines
         "raw": str(args.raw),
         "overrides": args.overrides,
         "image_size": list(config.model.image_size),

@@ -39,6 +39,7 @@ from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.fingerprint import fingerprint
 from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.lineage.hashing import sha256_file
+from policypipe.lineage.provenance import cpu_model
 from policypipe.policy.export import save_policy
 from policypipe.recordings.pairing import PairConfig, pair_export
 from policypipe.rollout.report import UNGRASPED, RolloutStageConfig, run_rollouts, wilson_interval
@@ -93,6 +94,8 @@ def rollout_summary(policy: Path, stage: RolloutStageConfig, workers: int) -> di
         "wilson_ci95": list(wilson_interval(won, len(episodes))),
         "grasp_rate": float(np.mean([r.outcome not in UNGRASPED for r in episodes])),
         "outcomes": {o: sum(r.outcome == o for r in episodes) for o in sorted({r.outcome for r in episodes})},
+        # Scene by scene, in scene order: seeds and rounds compare on the same scenes.
+        "episode_outcomes": [r.outcome for r in episodes],
     }
 
 
@@ -134,6 +137,7 @@ def main() -> None:
     results_path = args.out / "curve.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     results |= {
+        "cpu_model": cpu_model(),  # samples/s differs about 3x between 2-core machines
         "overrides": args.overrides,
         "image_size": list(config.model.image_size),
         "window": asdict(config.window),

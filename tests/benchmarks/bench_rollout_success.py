@@ -25,6 +25,13 @@ from policypipe.rollout.report import UNGRASPED, RolloutStageConfig, run_rollout
 from policypipe.synthetic.simulator import OUTCOMES
 
 
+def success_ci_over_seeds_and_scenes(successes: np.ndarray) -> tuple[float, float]:
+    """95% percentile-bootstrap CI of the mean success over seeds, then scenes: `successes` is
+    (seeds, scenes), 1.0 for a success, every seed on the same scenes."""
+    replicates = hierarchical_bootstrap({"s": {"s": successes}}, np.arange(successes.shape[1]), seed=0)
+    return percentile_ci(replicates["s"]["s"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -56,8 +63,7 @@ def main() -> None:
                 f"{name} {policy}: {won.mean():.0%} [{low:.0%}, {high:.0%}] {per_policy[policy]}", flush=True
             )
         matrix = np.stack(successes)  # (seeds, scenes)
-        replicates = hierarchical_bootstrap({name: {"s": matrix}}, np.arange(matrix.shape[1]), seed=0)
-        low, high = percentile_ci(replicates[name]["s"])
+        low, high = success_ci_over_seeds_and_scenes(matrix)
         # All episodes pooled: no seed variation, but unlike the bootstrap not stuck at [0, 0] (or
         # [1, 1]) when no episode (or every one) succeeds.
         pooled = wilson_interval(int(matrix.sum()), matrix.size)
