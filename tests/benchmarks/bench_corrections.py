@@ -35,18 +35,21 @@ import numpy as np
 import zarr
 
 from policypipe.atomic import write_json_atomic
-from policypipe.config import read_section
 from policypipe.lineage.hashing import sha256_file
 from policypipe.lineage.provenance import cpu_model
 from policypipe.policy.export import save_policy
 from policypipe.rollout.corrections import CorrectionConfig, session_folder, write_corrections
 from policypipe.rollout.report import RolloutStageConfig, wilson_interval
 from policypipe.runtime.spec import spec_of_training
-from policypipe.training.config import train_config_from_params
 from policypipe.training.loop import train
-from tests.benchmarks.bench_learning_curve import REPO, dataset_for, rollout_summary, statistics_for
+from tests.benchmarks.bench_learning_curve import (
+    REPO,
+    dataset_for,
+    rollout_summary,
+    statistics_for,
+    training_config,
+)
 from tests.benchmarks.bench_rollout_success import success_ci_over_seeds_and_scenes
-from tests.benchmarks.bench_seeds import override
 from tests.benchmarks.docs_block import replace_block
 
 
@@ -145,12 +148,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
 
-    sections = {name: read_section(REPO / "params.yaml", name) for name in ("train", "policy")}
-    if args.image_size:
-        sections["train"].setdefault("model", {})["image_size"] = list(args.image_size)
-    for assignment in args.overrides:
-        override(sections, assignment)
-    config = train_config_from_params(sections["train"], sections["policy"])
+    config = training_config(args.image_size, args.overrides)
     stage = RolloutStageConfig(episodes=args.episodes, first_seed=args.first_seed, videos=0)
 
     results_path = args.out / "results.json"

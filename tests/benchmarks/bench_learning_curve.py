@@ -44,7 +44,7 @@ from policypipe.policy.export import save_policy
 from policypipe.recordings.pairing import PairConfig, pair_export
 from policypipe.rollout.report import UNGRASPED, RolloutStageConfig, run_rollouts, wilson_interval
 from policypipe.runtime.spec import spec_of_training
-from policypipe.training.config import train_config_from_params
+from policypipe.training.config import TrainConfig, train_config_from_params
 from policypipe.training.loop import train
 from tests.benchmarks.bench_seeds import override
 
@@ -86,6 +86,16 @@ def statistics_for(store: Path, window, out: Path) -> Path:
     return path
 
 
+def training_config(image_size: list[int] | None, overrides: list[str]) -> TrainConfig:
+    """params.yaml's training, with a benchmark's --image-size and --set SECTION.KEY=VALUE."""
+    sections = {name: read_section(REPO / "params.yaml", name) for name in ("train", "policy")}
+    if image_size:
+        sections["train"].setdefault("model", {})["image_size"] = list(image_size)
+    for assignment in overrides:
+        override(sections, assignment)
+    return train_config_from_params(sections["train"], sections["policy"])
+
+
 def rollout_summary(policy: Path, stage: RolloutStageConfig, workers: int) -> dict:
     episodes = run_rollouts(policy, stage, workers, [], controllers=("policy",))["policy"]
     won = sum(r.outcome == "success" for r in episodes)
@@ -121,12 +131,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
 
-    sections = {name: read_section(REPO / "params.yaml", name) for name in ("train", "policy")}
-    if args.image_size:
-        sections["train"].setdefault("model", {})["image_size"] = list(args.image_size)
-    for assignment in args.overrides:
-        override(sections, assignment)
-    config = train_config_from_params(sections["train"], sections["policy"])
+    config = training_config(args.image_size, args.overrides)
     config = replace(config, steps=args.schedule or args.budgets[-1])
     store = dataset_for(args.out, args.image_size, args.raw)
     stats_path = statistics_for(store, config.window, args.out)
