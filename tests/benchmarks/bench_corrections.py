@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 import time
+from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from policypipe.lineage.hashing import sha256_file
 from policypipe.lineage.provenance import cpu_model
 from policypipe.policy.export import save_policy
 from policypipe.rollout.corrections import CorrectionConfig, session_folder, write_corrections
-from policypipe.rollout.report import RolloutStageConfig, wilson_interval
+from policypipe.rollout.report import UNGRASPED, RolloutStageConfig, wilson_interval
 from policypipe.runtime.spec import spec_of_training
 from policypipe.training.loop import train
 from tests.benchmarks.bench_learning_curve import (
@@ -80,20 +81,16 @@ def table(runs: dict[str, dict]) -> str:
             by_round.setdefault(point["round"], []).append(point)
         for round_, points in sorted(by_round.items()):
             points.sort(key=lambda p: p["seed"])
-            episodes = sum(sum(p["outcomes"].values()) for p in points)
-            won = sum(p["outcomes"].get("success", 0) for p in points)
+            outcomes = sum((Counter(p["outcomes"]) for p in points), Counter())
+            episodes = outcomes.total()
             mean = sum(p["success_rate"] for p in points) / len(points)
             interval = ""
             if all("episode_outcomes" in p for p in points):
                 matrix = np.array([[o == "success" for o in p["episode_outcomes"]] for p in points], float)
                 low, high = success_ci_over_seeds_and_scenes(matrix)
                 interval = f" [{100 * low:.1f}, {100 * high:.1f}]"
-            pooled = wilson_interval(won, episodes)
-            grasped = sum(p["grasp_rate"] * sum(p["outcomes"].values()) for p in points) / episodes
-            outcomes: dict[str, int] = {}
-            for p in points:
-                for outcome, n in p["outcomes"].items():
-                    outcomes[outcome] = outcomes.get(outcome, 0) + n
+            pooled = wilson_interval(outcomes["success"], episodes)
+            grasped = sum(n for o, n in outcomes.items() if o not in UNGRASPED) / episodes
             top = ", ".join(
                 f"{n} {o.replace('_', ' ')}" for o, n in sorted(outcomes.items(), key=lambda x: (-x[1], x[0]))
             )
