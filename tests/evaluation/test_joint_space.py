@@ -60,7 +60,7 @@ def test_the_nearest_neighbour_of_a_training_window_is_its_own_chunk(setup) -> N
     config = replace(CONFIG, nn_k=1)
     baselines = JointBaselines.build(store, stats, WINDOW, config)
     samples = collect_samples(store, stats["split"]["train"][:2], WINDOW, stride=3)
-    chunks, _, _ = baselines.chunks(samples)
+    chunks, _ = baselines.chunks(samples)
     recorded = samples.batch["action"].double().numpy()
     # Its own chunk, relative to its own state and back: equal to float rounding.
     np.testing.assert_allclose(chunks["nearest_neighbour"], recorded, atol=1e-6)

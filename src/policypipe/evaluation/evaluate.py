@@ -5,10 +5,11 @@ chosen, and validation beside it, on which the settings were (each reported alon
 At evenly spaced timesteps of a side's episodes the recorded observations go to the policy (EMA
 weights, DDIM, seeded noise) and its action chunk is compared with the recorded future.
 Baselines on the same samples, none of them learned: "hold still", "mean motion" (the training
-episodes' mean relative trajectory), "constant velocity" (the last observed motion continued)
+episodes' mean relative trajectory), "constant velocity" (the last recorded motion continued)
 and "nearest neighbour" (the mean chunk of the nearest training windows, `nearest_neighbour`);
-every policy error is also a ratio to the best of them. Camera ablations: the policy fed the
-frames of a sample from another episode of the side (in-distribution images that do not belong
+every policy error is also a ratio to the best of them. The last two read two observation steps
+of the recording at least (`motion_window`), whatever the policy observes. Camera ablations: the
+policy fed the frames of a sample from another episode of the side (in-distribution images that do not belong
 to the pose), and a constant image. The spread of several samples for one observation measures
 multimodality. Position and width errors are also reported apart where the recorded gripper
 moves and where it is still (`moving_samples`).
@@ -32,9 +33,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import zarr
 
 from policypipe.dataset import layout
-from policypipe.dataset.windows import WindowConfig
+from policypipe.dataset.windows import EpisodeStreams, WindowConfig
 from policypipe.evaluation.errors import (
     CI_METHOD,
     COMPONENTS,
@@ -54,7 +56,7 @@ from policypipe.evaluation.errors import (
     whole_errors,
 )
 from policypipe.evaluation.nearest_neighbour import NearestNeighbourConfig, NearestNeighbourIndex
-from policypipe.evaluation.samples import Samples, collect_samples, mean_motion
+from policypipe.evaluation.samples import Samples, collect_samples, mean_motion, motion_window
 from policypipe.policy.diffusion import DiffusionPolicy
 
 log = logging.getLogger(__name__)
@@ -139,7 +141,9 @@ def training_width_ranges(stats: dict[str, Any]) -> list[tuple[float, float]] | 
 class Baselines:
     """The learning-free baselines, built once from the training episodes for every side."""
 
-    window: WindowConfig
+    window: WindowConfig  # the policy's: the samples'
+    motion: WindowConfig  # `motion_window(window)`: what constant velocity and the nearest neighbour read
+    streams: EpisodeStreams  # the recording, for the samples' observations over `motion`
     mean_motion: np.ndarray  # (T, 10 G)
     width_ranges: list[tuple[float, float]] | None  # per gripper
     nearest_neighbour: NearestNeighbourIndex
@@ -148,52 +152,54 @@ class Baselines:
     def build(cls, store: Path, stats: dict[str, Any], window: WindowConfig, config: EvalConfig) -> Baselines:
         train = stats["split"]["train"]
         width_ranges = training_width_ranges(stats)
-        if width_ranges is None and window.n_obs_steps >= 2:
+        if width_ranges is None:
             log.warning(
                 "the statistics hold no training width range: constant velocity's width is not clipped"
             )
+        motion = motion_window(window)
         return cls(
             window,
+            motion,
+            EpisodeStreams.from_store(zarr.open_group(store, mode="r")),
             mean_motion(store, train, window),
             width_ranges,
-            NearestNeighbourIndex.build(store, train, window, config.nearest_neighbour()),
+            NearestNeighbourIndex.build(store, train, motion, config.nearest_neighbour()),
         )
 
-    def chunks(self, samples: Samples) -> tuple[dict[str, np.ndarray], dict[str, str], float]:
-        """The baselines' chunks (N, T, 10 G) on the samples, {name: why} for those that cannot be
-        made, and the nearest neighbour's search seconds. Each gripper's constant velocity
-        continues its own motion; the nearest neighbour's windows are found by every gripper's
-        poses and widths and camera 0's frame."""
-        window = self.window
-        obs_pose, obs_width = (
-            samples.batch["obs_pose"].double().numpy(),
-            samples.batch["obs_width"].double().numpy(),
-        )
+    def motion_observations(self, samples: Samples) -> tuple[np.ndarray, np.ndarray]:
+        """The samples' recorded poses (N, O, 9 G^2) and widths (N, O, G) over `motion`: the samples'
+        own where the policy observes as many steps, else read again from the recording."""
+        if self.motion == self.window:
+            return samples.batch["obs_pose"].double().numpy(), samples.batch["obs_width"].double().numpy()
+        w = self.streams.windows(samples.anchors, self.motion)
+        return w.obs_pose, w.obs_width
+
+    def chunks(self, samples: Samples) -> tuple[dict[str, np.ndarray], float]:
+        """The baselines' chunks (N, T, 10 G) on the samples and the nearest neighbour's search
+        seconds. Each gripper's constant
+        velocity continues its own recorded motion; the nearest neighbour's windows are found by
+        every gripper's recorded poses and widths and camera 0's frame."""
+        horizon = self.window.horizon
+        obs_pose, obs_width = self.motion_observations(samples)
         grippers = obs_width.shape[-1]
+        ranges = self.width_ranges or [None] * grippers
         chunks = {
-            "hold_still": hold_still(len(samples), window.horizon, grippers),
+            "hold_still": hold_still(len(samples), horizon, grippers),
             "mean_motion": np.broadcast_to(self.mean_motion, (len(samples), *self.mean_motion.shape)),
-        }
-        omitted = {}
-        if window.n_obs_steps >= 2:
-            ranges = self.width_ranges or [None] * grippers
-            chunks["constant_velocity"] = np.concatenate(
+            "constant_velocity": np.concatenate(
                 [  # gripper g's own poses come first in obs_pose (`observation_names`)
                     constant_velocity(
-                        obs_pose[..., 9 * g : 9 * g + 9], obs_width[..., g : g + 1], window.horizon, ranges[g]
+                        obs_pose[..., 9 * g : 9 * g + 9], obs_width[..., g : g + 1], horizon, ranges[g]
                     )
                     for g in range(grippers)
                 ],
                 axis=-1,
-            )
-        else:
-            omitted["constant_velocity"] = (
-                "needs n_obs_steps >= 2 to see a motion; the policy observes 1 step"
-            )
+            ),
+        }
         chunks["nearest_neighbour"], search_s = self.nearest_neighbour.chunks_for(
             obs_pose, obs_width, samples.batch["obs_images"][:, -1].numpy()
         )
-        return chunks, omitted, search_s
+        return chunks, search_s
 
 
 def held_out_sides(stats: dict[str, Any]) -> dict[str, list[int]]:
@@ -344,9 +350,10 @@ def side_chunks(
     `baselines.chunks`) and each camera ablation's; the baselines' names; {name: why} of those that
     cannot be made; the nearest neighbour's search seconds."""
     chunks = {"policy": predict(policy, samples.batch, config.batch_size, config.seed)}
-    baseline_chunks, omitted, search_s = baselines.chunks(samples)
+    baseline_chunks, search_s = baselines.chunks(samples)
     chunks |= baseline_chunks
     ablations = camera_ablations(samples, stats, config.seed)
+    omitted = {}
     if ABLATION_OTHER_EPISODES not in ablations:
         omitted[ABLATION_OTHER_EPISODES] = "needs at least 2 episodes on this side"
     for name, replaced in ablations.items():
@@ -581,7 +588,8 @@ def compare_policies(
         )
     samples = collect_samples(store, held_out_episodes[held_out], window, config.stride)
     recorded = samples.batch["action"].double().numpy()
-    baselines, omitted, _ = Baselines.build(store, stats, window, config).chunks(samples)
+    baselines, _ = Baselines.build(store, stats, window, config).chunks(samples)
+    omitted = {}
     baseline_errors = {
         b: executed_errors(chunk, recorded, window.n_action_steps) for b, chunk in baselines.items()
     }

@@ -44,7 +44,7 @@ from policypipe.evaluation.evaluate import (
     side_chunks,
 )
 from policypipe.evaluation.nearest_neighbour import block_scales, downsample, nearest, weighted_features
-from policypipe.evaluation.samples import Samples, collect_samples
+from policypipe.evaluation.samples import Samples, collect_samples, motion_window
 from policypipe.policy.diffusion import DiffusionPolicy
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,9 @@ class JointNearestNeighbour:
 
 @dataclass(frozen=True)
 class JointBaselines:
-    window: WindowConfig
+    window: WindowConfig  # the policy's: the samples'
+    motion: WindowConfig  # `motion_window(window)`: what constant velocity and the nearest neighbour read
+    series: JointSeries  # the recording, for the samples' observations over `motion`
     mean_offset: np.ndarray  # (H, D): the training chunks' mean, relative to their current joint vector
     nearest_neighbour: JointNearestNeighbour
 
@@ -118,26 +120,27 @@ class JointBaselines:
         anchors, _ = series.anchors(train, window)
         w = series.windows(anchors, window)
         mean_offset = (w.action - w.obs_state[:, -1:]).mean(axis=0)
-        return cls(window, mean_offset, JointNearestNeighbour.build(store, series, train, window, config))
+        motion = motion_window(window)
+        nearest_neighbour = JointNearestNeighbour.build(store, series, train, motion, config)
+        return cls(window, motion, series, mean_offset, nearest_neighbour)
 
-    def chunks(self, samples: Samples) -> tuple[dict[str, np.ndarray], dict[str, str], float]:
+    def chunks(self, samples: Samples) -> tuple[dict[str, np.ndarray], float]:
+        """The baselines' chunks (N, T, D) on the samples and the nearest neighbour's search seconds:
+        constant velocity and the nearest neighbour on the recorded joint vectors over `motion`."""
         obs_state = samples.batch["obs_state"].double().numpy()
+        recorded = obs_state
+        if self.motion != self.window:
+            recorded = self.series.windows(samples.anchors, self.motion).obs_state
         horizon = self.window.horizon
         chunks = {
             "hold_still": joint_hold_still(obs_state, horizon),
             "mean_motion": obs_state[:, -1:] + self.mean_offset[None],
+            "constant_velocity": joint_constant_velocity(recorded, horizon),
         }
-        omitted = {}
-        if self.window.n_obs_steps >= 2:
-            chunks["constant_velocity"] = joint_constant_velocity(obs_state, horizon)
-        else:
-            omitted["constant_velocity"] = (
-                "needs n_obs_steps >= 2 to see a motion; the policy observes 1 step"
-            )
         chunks["nearest_neighbour"], search_s = self.nearest_neighbour.chunks_for(
-            obs_state, samples.batch["obs_images"][:, -1].numpy()
+            recorded, samples.batch["obs_images"][:, -1].numpy()
         )
-        return chunks, omitted, search_s
+        return chunks, search_s
 
 
 def evaluate_joint_space(

@@ -5,7 +5,7 @@ episodes' mean motion (a baseline)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,14 @@ class Samples:
 
     def __len__(self) -> int:
         return len(self.anchors)
+
+
+def motion_window(window: WindowConfig) -> WindowConfig:
+    """The baselines' window: at least two observation steps, so that constant velocity and the
+    nearest neighbour see the recording's last motion even where the policy observes one step (a
+    policy that sees its own last motion in closed loop continues it, docs/rollout.md; a baseline
+    reading the recording has no such loop)."""
+    return replace(window, n_obs_steps=max(2, window.n_obs_steps))
 
 
 def collect_samples(store: Path, episodes: list[int], window: WindowConfig, stride: int) -> Samples:
