@@ -25,7 +25,6 @@ from torch.nn.utils import clip_grad_norm_
 from torch.utils.data import default_collate
 
 from policypipe.atomic import write_json_atomic
-from policypipe.config import from_mapping
 from policypipe.dataset.convert import convert_dataset
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.fingerprint import fingerprint
@@ -36,7 +35,7 @@ from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.recordings.pairing import PairConfig, pair_export
 from policypipe.synthetic.export import SampleConfig, write_sample_export
 from policypipe.training.checkpoint import RECORDED_BEFORE_KEYS
-from policypipe.training.config import TrainConfig, model_for_dataset
+from policypipe.training.config import TrainConfig, model_for_dataset, train_config_from_params
 from policypipe.training.loop import adamw, train
 from policypipe.training.schedules import ema_update
 
@@ -68,14 +67,16 @@ def require_cuda() -> None:
         )
 
 
-def build_dataset(tmp: Path, recordings: int, image_size: tuple[int, int]) -> tuple[Path, Path]:
+def build_dataset(
+    tmp: Path, recordings: int, image_size: tuple[int, int], window: WindowConfig
+) -> tuple[Path, Path]:
     export = write_sample_export(tmp / "raw", SampleConfig(recordings=recordings, seed=2, defects=False)).root
     write_json_atomic(tmp / "manifest.json", pair_export(export, PairConfig()).manifest())
     convert_dataset(
         tmp / "manifest.json", export, tmp / "ds.zarr", tmp / "cache", ConvertConfig(image_size=image_size)
     )
     root = zarr.open_group(tmp / "ds.zarr", mode="r")
-    stats = compute_statistics(root, WindowConfig(), StatsConfig())
+    stats = compute_statistics(root, window, StatsConfig())
     stats["dataset_fingerprint"] = {"sha256": fingerprint(root).digest}
     write_json_atomic(tmp / "stats.json", stats)
     return tmp / "ds.zarr", tmp / "stats.json"
@@ -203,10 +204,13 @@ def main() -> None:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     train_params = params["train"] | REAL_ROBOT if args.gpu else params["train"]
     steps = args.steps or (40 if args.gpu else 200)
-    config = replace(from_mapping(TrainConfig, train_params, "train"), steps=steps)
+    # The train stage's config: the train section with the policy section's windows.
+    config = replace(train_config_from_params(train_params, params["policy"]), steps=steps)
     config = replace(config, val_every=10**9, checkpoint_every=10**9, keep_top_k=0, warmup_steps=1)
     with tempfile.TemporaryDirectory(prefix="policypipe-bench-") as tmp:
-        store, stats_path = build_dataset(Path(tmp), recordings=6, image_size=config.model.image_size)
+        store, stats_path = build_dataset(
+            Path(tmp), recordings=6, image_size=config.model.image_size, window=config.window
+        )
         stats = json.loads(stats_path.read_text())
         if not torch.cuda.is_available():
             compare_paths(store, stats, config, Path(tmp), args.rounds)

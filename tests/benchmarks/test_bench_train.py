@@ -18,7 +18,7 @@ from policypipe.config import from_mapping
 from policypipe.dataset.stats import StatsConfig, compute_statistics
 from policypipe.dataset.windows import WindowConfig
 from policypipe.policy.config import PolicyConfig
-from policypipe.training.config import TrainConfig
+from policypipe.training.config import train_config_from_params
 from tests.benchmarks.bench_train import REAL_ROBOT, compare_paths
 from tests.conftest import REPO_ROOT
 from tests.dataset.conftest import make_store
@@ -45,9 +45,10 @@ def test_bench_gpu_refuses_in_one_line_without_cuda(tmp_path) -> None:
 
 def test_the_real_robot_recipe_is_params_yaml_with_the_real_robot_model() -> None:
     """What `make bench-gpu` trains, checked here where it cannot run: a valid train config of the
-    real-robot size, whose windows are those the benchmark computes its statistics with."""
+    real-robot size, with the train stage's windows (params.yaml's policy section), which the
+    benchmark also computes its statistics with."""
     params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
-    config = from_mapping(TrainConfig, params["train"] | REAL_ROBOT, "train")
+    config = train_config_from_params(params["train"] | REAL_ROBOT, params["policy"])
     assert (config.batch_size, config.mixed_precision, config.num_workers) == (64, "bf16", 8)
     assert config.model.image_size == (224, 224) and config.model.crop_size == (216, 216)
     real_robot = PolicyConfig()
@@ -55,7 +56,8 @@ def test_the_real_robot_recipe_is_params_yaml_with_the_real_robot_model() -> Non
         real_robot.encoder_widths,
         real_robot.down_dims,
     )
-    assert config.window == WindowConfig()
+    assert config.window == from_mapping(WindowConfig, params["policy"], "policy")
+    assert config.model.n_obs_steps == config.window.n_obs_steps
 
 
 def test_make_bench_trains_the_earlier_path_and_params_yamls_in_one_run(tmp_path, capsys) -> None:
