@@ -21,9 +21,9 @@ from tests.workspace import SMALL_MODEL, env, run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-# The unit tests' tiny model (on this repo's 96x96 frames): what is tested is the launch, the
-# signals and the resume, not what the model learns; the demo's U-Net made a loaded 2-core machine
-# take 4 minutes over the first test alone.
+# The unit tests' tiny model (on the frame and crop sizes of this repo's params.yaml, 64x64 frames
+# now): what is tested is the launch, the signals and the resume, not what the model learns; the
+# demo's U-Net made a loaded 2-core machine take 4 minutes over the first test alone.
 TINY = {k: v for k, v in SMALL_MODEL.items() if k not in ("image_size", "crop_size")}
 SHORT = {
     "steps": 40,

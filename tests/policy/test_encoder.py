@@ -35,7 +35,8 @@ def test_each_keypoint_is_the_expected_position_of_its_softmax_map() -> None:
 @pytest.mark.parametrize(
     ("widths", "crop", "feature_map"),
     [
-        ((16, 32, 64, 128), (88, 88), (3, 3)),  # the demo (params.yaml)
+        ((16, 32, 64, 128), (56, 56), (2, 2)),  # the demo (params.yaml)
+        ((16, 32, 64, 128), (88, 88), (3, 3)),  # the earlier demo: 3x3, as the reference's 84x84
         ((64, 128, 256, 512), (88, 88), (3, 3)),  # PolicyConfig's default, real-robot widths
         ((64, 128, 256, 512), (216, 216), (7, 7)),  # a 224 x 224 camera (tests/benchmarks/bench_train.py)
     ],

@@ -1,8 +1,9 @@
 """Decoded frames kept in memory for training: each JPEG decoded once a run, not once a sample.
 
 A frame is in n_obs_steps samples an epoch and a run goes through several epochs (the demo about
-7), so decoding on demand decodes every frame over a dozen times; on 2 CPU cores the loading
-workers' decoding takes cycles from the step itself (docs/training.md, "Throughput").
+6, with one observation step), so decoding on demand decodes every frame several times (the demo's
+about 6 times, over a dozen with two observation steps); on 2 CPU cores the loading workers'
+decoding takes cycles from the step itself (docs/training.md, "Throughput").
 `DecodedFrames` decodes the frames the samples can show up front, up to a budget in bytes, into
 one uint8 array; what does not fit is decoded on demand as before. The bytes are the decoder's
 either way: the weights do not change.
