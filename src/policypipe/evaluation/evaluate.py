@@ -9,8 +9,8 @@ episodes' mean relative trajectory), "constant velocity" (the last recorded moti
 and "nearest neighbour" (the mean chunk of the nearest training windows, `nearest_neighbour`);
 every policy error is also a ratio to the best of them. The last two read two observation steps
 of the recording at least (`motion_window`), whatever the policy observes. Camera ablations: the
-policy fed the frames of a sample from another episode of the side (in-distribution images that do not belong
-to the pose), and a constant image. The spread of several samples for one observation measures
+policy fed the frames of a sample from another episode of the side (in-distribution images that
+do not belong to the pose), and a constant image. The spread of several samples for one observation measures
 multimodality. Position and width errors are also reported apart where the recorded gripper
 moves and where it is still (`moving_samples`).
 
@@ -176,9 +176,9 @@ class Baselines:
 
     def chunks(self, samples: Samples) -> tuple[dict[str, np.ndarray], float]:
         """The baselines' chunks (N, T, 10 G) on the samples and the nearest neighbour's search
-        seconds. Each gripper's constant
-        velocity continues its own recorded motion; the nearest neighbour's windows are found by
-        every gripper's recorded poses and widths and camera 0's frame."""
+        seconds. Each gripper's constant velocity continues its own recorded motion; the nearest
+        neighbour's windows are found by every gripper's recorded poses and widths and camera 0's
+        frame."""
         horizon = self.window.horizon
         obs_pose, obs_width = self.motion_observations(samples)
         grippers = obs_width.shape[-1]
