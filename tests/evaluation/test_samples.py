@@ -73,6 +73,6 @@ def test_mean_motion_is_the_mean_training_action_chunk(store: Path) -> None:
     streams = EpisodeStreams.from_store(zarr.open_group(store, mode="r"))
     anchors, _ = streams.anchors([0, 2], WINDOW)
     expected = streams.windows(anchors, WINDOW).action.mean(axis=0)
-    np.testing.assert_allclose(mean_motion(store, [0, 2], WINDOW, block=7), expected, atol=1e-12)
+    np.testing.assert_allclose(mean_motion(streams, [0, 2], WINDOW, block=7), expected, atol=1e-12)
     first, last = episode_bounds(zarr.open_group(store, mode="r")[layout.EPISODE_ENDS][:])
     assert len(anchors) < (last - first + 1)[[0, 2]].sum()  # the last frames are no anchors

@@ -56,7 +56,13 @@ from policypipe.evaluation.errors import (
     whole_errors,
 )
 from policypipe.evaluation.nearest_neighbour import NearestNeighbourConfig, NearestNeighbourIndex
-from policypipe.evaluation.samples import Samples, collect_samples, mean_motion, motion_window
+from policypipe.evaluation.samples import (
+    Samples,
+    collect_samples,
+    mean_motion,
+    motion_window,
+    recorded_observations,
+)
 from policypipe.policy.diffusion import DiffusionPolicy
 
 log = logging.getLogger(__name__)
@@ -142,11 +148,15 @@ class Baselines:
     """The learning-free baselines, built once from the training episodes for every side."""
 
     window: WindowConfig  # the policy's: the samples'
-    motion: WindowConfig  # `motion_window(window)`: what constant velocity and the nearest neighbour read
     streams: EpisodeStreams  # the recording, for the samples' observations over `motion`
     mean_motion: np.ndarray  # (T, 10 G)
     width_ranges: list[tuple[float, float]] | None  # per gripper
     nearest_neighbour: NearestNeighbourIndex
+
+    @property
+    def motion(self) -> WindowConfig:
+        """What constant velocity and the nearest neighbour read (`motion_window`)."""
+        return motion_window(self.window)
 
     @classmethod
     def build(cls, store: Path, stats: dict[str, Any], window: WindowConfig, config: EvalConfig) -> Baselines:
@@ -156,23 +166,14 @@ class Baselines:
             log.warning(
                 "the statistics hold no training width range: constant velocity's width is not clipped"
             )
-        motion = motion_window(window)
+        streams = EpisodeStreams.from_store(zarr.open_group(store, mode="r"))
         return cls(
             window,
-            motion,
-            EpisodeStreams.from_store(zarr.open_group(store, mode="r")),
-            mean_motion(store, train, window),
+            streams,
+            mean_motion(streams, train, window),
             width_ranges,
-            NearestNeighbourIndex.build(store, train, motion, config.nearest_neighbour()),
+            NearestNeighbourIndex.build(store, train, motion_window(window), config.nearest_neighbour()),
         )
-
-    def motion_observations(self, samples: Samples) -> tuple[np.ndarray, np.ndarray]:
-        """The samples' recorded poses (N, O, 9 G^2) and widths (N, O, G) over `motion`: the samples'
-        own where the policy observes as many steps, else read again from the recording."""
-        if self.motion == self.window:
-            return samples.batch["obs_pose"].double().numpy(), samples.batch["obs_width"].double().numpy()
-        w = self.streams.windows(samples.anchors, self.motion)
-        return w.obs_pose, w.obs_width
 
     def chunks(self, samples: Samples) -> tuple[dict[str, np.ndarray], float]:
         """The baselines' chunks (N, T, 10 G) on the samples and the nearest neighbour's search
@@ -180,7 +181,8 @@ class Baselines:
         neighbour's windows are found by every gripper's recorded poses and widths and camera 0's
         frame."""
         horizon = self.window.horizon
-        obs_pose, obs_width = self.motion_observations(samples)
+        recorded = recorded_observations(samples, ("obs_pose", "obs_width"), self.motion, self.streams)
+        obs_pose, obs_width = recorded["obs_pose"], recorded["obs_width"]
         grippers = obs_width.shape[-1]
         ranges = self.width_ranges or [None] * grippers
         chunks = {

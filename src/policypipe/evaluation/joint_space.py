@@ -44,7 +44,7 @@ from policypipe.evaluation.evaluate import (
     side_chunks,
 )
 from policypipe.evaluation.nearest_neighbour import block_scales, downsample, nearest, weighted_features
-from policypipe.evaluation.samples import Samples, collect_samples, motion_window
+from policypipe.evaluation.samples import Samples, collect_samples, motion_window, recorded_observations
 from policypipe.policy.diffusion import DiffusionPolicy
 
 log = logging.getLogger(__name__)
@@ -106,10 +106,14 @@ class JointNearestNeighbour:
 @dataclass(frozen=True)
 class JointBaselines:
     window: WindowConfig  # the policy's: the samples'
-    motion: WindowConfig  # `motion_window(window)`: what constant velocity and the nearest neighbour read
     series: JointSeries  # the recording, for the samples' observations over `motion`
     mean_offset: np.ndarray  # (H, D): the training chunks' mean, relative to their current joint vector
     nearest_neighbour: JointNearestNeighbour
+
+    @property
+    def motion(self) -> WindowConfig:
+        """What constant velocity and the nearest neighbour read (`motion_window`)."""
+        return motion_window(self.window)
 
     @classmethod
     def build(
@@ -120,17 +124,14 @@ class JointBaselines:
         anchors, _ = series.anchors(train, window)
         w = series.windows(anchors, window)
         mean_offset = (w.action - w.obs_state[:, -1:]).mean(axis=0)
-        motion = motion_window(window)
-        nearest_neighbour = JointNearestNeighbour.build(store, series, train, motion, config)
-        return cls(window, motion, series, mean_offset, nearest_neighbour)
+        nearest_neighbour = JointNearestNeighbour.build(store, series, train, motion_window(window), config)
+        return cls(window, series, mean_offset, nearest_neighbour)
 
     def chunks(self, samples: Samples) -> tuple[dict[str, np.ndarray], float]:
         """The baselines' chunks (N, T, D) on the samples and the nearest neighbour's search seconds:
         constant velocity and the nearest neighbour on the recorded joint vectors over `motion`."""
         obs_state = samples.batch["obs_state"].double().numpy()
-        recorded = obs_state
-        if self.motion != self.window:
-            recorded = self.series.windows(samples.anchors, self.motion).obs_state
+        recorded = recorded_observations(samples, ("obs_state",), self.motion, self.series)["obs_state"]
         horizon = self.window.horizon
         chunks = {
             "hold_still": joint_hold_still(obs_state, horizon),

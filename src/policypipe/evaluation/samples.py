@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import zarr
 
 from policypipe.dataset.frame_shards import UnreadableFrame
+from policypipe.dataset.joint_windows import JointSeries
 from policypipe.dataset.window_dataset import WindowDataset
 from policypipe.dataset.windows import EpisodeStreams, WindowConfig
 
@@ -66,10 +66,23 @@ def collect_samples(store: Path, episodes: list[int], window: WindowConfig, stri
     return Samples(batch, np.asarray(owners), np.asarray(anchors), skipped)
 
 
-def mean_motion(store: Path, episodes: list[int], window: WindowConfig, block: int = 32768) -> np.ndarray:
+def recorded_observations(
+    samples: Samples, keys: tuple[str, ...], motion: WindowConfig, series: EpisodeStreams | JointSeries
+) -> dict[str, np.ndarray]:
+    """The samples' low-dimensional observations `keys` (float64, (N, O, ...)) over `motion`: the
+    samples' own where they span its observation steps, else read again from the recording at
+    their anchors (a window's fields carry the batch keys' names)."""
+    if samples.batch[keys[0]].shape[1] == motion.n_obs_steps:
+        return {k: samples.batch[k].double().numpy() for k in keys}
+    read = series.windows(samples.anchors, motion)
+    return {k: getattr(read, k) for k in keys}
+
+
+def mean_motion(
+    streams: EpisodeStreams, episodes: list[int], window: WindowConfig, block: int = 32768
+) -> np.ndarray:
     """(T, 10 G): the training episodes' mean relative action chunk over their anchors (rotation
     re-orthonormalised later)."""
-    streams = EpisodeStreams.from_store(zarr.open_group(store, mode="r"))
     anchors, _ = streams.anchors(episodes, window)
     total = np.zeros((window.horizon, 10 * streams.grippers))
     for s in range(0, len(anchors), block):
