@@ -224,7 +224,8 @@ def test_evaluations_samples_and_mean_motion_hold_every_gripper(rig_dataset) -> 
     assert samples.batch["action"].shape[1:] == (8, 20) and "obs_valid_camera2" in samples.batch
     data = WindowDataset(store, [0, 1], window)
     actions = np.stack([data[i]["action"].numpy() for i in range(len(data))]).astype(np.float64)
-    np.testing.assert_allclose(mean_motion(store, [0, 1], window), actions.mean(axis=0), atol=1e-6)
+    streams = EpisodeStreams.from_store(root)
+    np.testing.assert_allclose(mean_motion(streams, [0, 1], window), actions.mean(axis=0), atol=1e-6)
 
 
 def test_a_batch_of_rig_samples_read_at_once_with_decoded_frames_is_each_read_alone(rig_dataset) -> None:
