@@ -19,6 +19,7 @@ from policypipe.cluster import in_job, launch, submit
 from policypipe.cluster.preemption import StopRequest
 from policypipe.config import ConfigError, read_section, require_same_window
 from policypipe.dataset import layout
+from policypipe.dataset.events import require_events
 from policypipe.lineage.hashing import sha256_file, sha256_path
 from policypipe.lineage.provenance import StageRun
 from policypipe.live_metrics import TrainingLog
@@ -89,6 +90,12 @@ def main() -> None:
             config, stats, row_features = privileged_training(args.dataset, stats, config)
         except ValueError as exc:
             fail(f"train.privileged: {exc}")
+
+    if config.model.event_labels:  # every recording trained on must have a grasp and a release
+        try:
+            require_events(stats, stats["split"]["train"] + stats["split"]["val"])
+        except ValueError as exc:
+            fail(f"{args.stats}: {exc}")
 
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:

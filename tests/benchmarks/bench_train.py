@@ -34,7 +34,7 @@ from policypipe.dataset.windows import WindowConfig
 from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.recordings.pairing import PairConfig, pair_export
 from policypipe.synthetic.export import SampleConfig, write_sample_export
-from policypipe.training.checkpoint import RECORDED_BEFORE_KEYS
+from policypipe.training.checkpoint import EARLIER_CODE_PATH
 from policypipe.training.config import TrainConfig, model_for_dataset, train_config_from_params
 from policypipe.training.loop import adamw, train
 from policypipe.training.schedules import ema_update
@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 # The code path before the throughput work (docs/training.md, "Throughput"): training's crops channel
 # first, AdamW's loop (what a run recorded before those keys computed with), every frame decoded by
 # each sample. The same bytes as that code (tested).
-EARLIER_PATH = RECORDED_BEFORE_KEYS | {"frame_cache_mb": 0}
+EARLIER_PATH = EARLIER_CODE_PATH | {"frame_cache_mb": 0}
 
 # The real-robot recipe: the real-robot model size (PolicyConfig's defaults: ResNet-18 widths
 # 64-512, U-Net 256-512-1024), 224x224 frames cropped to 216, batch 64 in bf16, 8 loading workers.

@@ -136,6 +136,12 @@ def test_only_training_episodes_count(store: Path) -> None:
             ends = root[ends_key][:]
             root[key][(ends[e - 1] if e else 0) : ends[e]] = 255 if key == layout.RGB else 5.0
     after = compute_statistics(root, WINDOW, CONFIG)
+    # Each episode's grasps and releases are a fact of that episode, listed for all of them (eval
+    # reads the held-out ones' labels); the statistics of their labels are the training side's.
+    for stats in (before, after):
+        stats["events"]["episodes"] = [
+            r for e, r in enumerate(stats["events"]["episodes"]) if e in before["split"]["train"]
+        ]
     assert canonical_json(after) == canonical_json(before)
 
 

@@ -290,3 +290,74 @@ def test_training_crops_are_the_same_pixels_in_either_layout_cropped_before_norm
     # Inference: the centre crop of the normalised frame.
     policy.eval()
     assert torch.equal(policy._pixels(images, policy.image_normalizer, None), whole[:, :, 2:30, 2:30])
+
+
+def event_stats() -> dict:
+    stats = fake_stats()
+    entry = {"mean": [0.0] * 9, "std": [0.05] * 3 + [0.5] * 6, "min": [-1.0] * 9, "max": [1.0] * 9}
+    stats["events"] = {"labels": {"event.next_grasp": entry, "event.next_release": entry}}
+    return stats
+
+
+def event_batch(b: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed + 1)
+    valid = torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])[:b]
+    return batch(b, seed) | {
+        "event_next_grasp": 0.05 * torch.randn(b, 2, 9, generator=g),
+        "event_next_release": 0.05 * torch.randn(b, 2, 9, generator=g),
+        "event_valid": valid[:, None].expand(b, 2, 2).clone(),
+    }
+
+
+def test_the_event_loss_trains_the_encoder_towards_the_labels_that_exist_and_nothing_else() -> None:
+    config = replace(TINY, event_loss_weight=0.5)
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(config)
+    policy.fit_normalizers(event_stats())
+    b = event_batch()
+    losses = policy.compute_losses(b, torch.Generator().manual_seed(1))
+    total = policy.compute_loss(b, torch.Generator().manual_seed(1))
+    assert total.item() == pytest.approx((losses["diffusion"] + 0.5 * losses["event"]).item(), rel=1e-6)
+
+    # A label that does not exist (after the last grasp, or the last release) is never a target ...
+    policy.eval()  # the centre crop: the same features each call
+    changed = dict(b, event_next_grasp=b["event_next_grasp"].clone())
+    changed["event_next_grasp"][1, -1] += 1.0  # sample 1 has no next grasp
+    changed["event_next_grasp"][0, 0] += 1.0  # an older observation step's labels are not targets
+    assert policy.compute_losses(changed)["event"].item() == policy.compute_losses(b)["event"].item()
+    changed["event_next_grasp"][2, -1] += 1.0  # ... one that does is
+    assert policy.compute_losses(changed)["event"].item() != policy.compute_losses(b)["event"].item()
+
+    # The event loss alone reaches the image encoder, and training lowers it (on the centre crops
+    # of one batch: a fit, not a generalisation).
+    policy.zero_grad()
+    losses["event"].backward()
+    assert policy.encoder.stem[0].weight.grad.abs().sum() > 0
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    first = None
+    for _ in range(30):
+        loss = policy.compute_losses(b)["event"]
+        first = first if first is not None else loss.item()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.5 * first
+
+
+def test_a_policy_without_the_event_loss_has_no_head_and_one_with_it_predicts_poses() -> None:
+    assert not any(name.startswith("event") for name in make_policy().state_dict())
+    policy = DiffusionPolicy(replace(TINY, event_loss_weight=1.0))
+    policy.fit_normalizers(event_stats())
+    assert policy.predict_events(torch.zeros(3, TINY.image_feature_dim)).shape == (3, 2, 1, 9)
+
+
+def test_the_event_loss_needs_the_labels_statistics_and_a_policy_that_sees() -> None:
+    policy = DiffusionPolicy(replace(TINY, event_loss_weight=1.0))
+    with pytest.raises(
+        ValueError, match=r"rerun `dvc repro stats`, or set train.model.event_loss_weight to 0"
+    ):
+        policy.fit_normalizers(fake_stats())
+    with pytest.raises(ValueError, match="event_loss_weight must be a finite number >= 0"):
+        replace(TINY, event_loss_weight=-1.0)
+    with pytest.raises(ValueError, match="the privileged control no encoder"):
+        replace(TINY, event_loss_weight=1.0, scene_state_dim=8, n_obs_steps=1)

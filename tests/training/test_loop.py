@@ -5,6 +5,7 @@ the EMA schedule, weights independent of the process's thread count and of data 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -16,13 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import zarr
 from safetensors.torch import load_file
 
 from policypipe.training.checkpoint import CheckpointError, best_ranked_ema, load_checkpoint
 from policypipe.training.config import TrainConfig
 from policypipe.training.loop import train
 from policypipe.training.schedules import ema_decay
-from tests.training.conftest import CONFIG
+from tests.training.conftest import CONFIG, MODEL
 
 
 def run_training(
@@ -183,7 +185,7 @@ def test_a_run_recorded_before_the_code_path_keys_resumes_on_the_earlier_path_on
     run_training(dataset, run_dir, stop_after=4, **earlier)
     latest = run_dir / "checkpoints" / "latest"
     state = load_checkpoint(latest)
-    for key in earlier:
+    for key in [*earlier, "model.event_loss_weight"]:  # the event loss came later still: none
         del state.trainer["config"][key]
     save_checkpoint(
         latest, TrainingState(state.model, state.ema, state.optimizer, state.trainer, state.rng_tensors)
@@ -405,6 +407,7 @@ for run_dir, stop_after, rank_1_stops_at in json.loads(sys.argv[4]):
 RANK_1_SHORT_OF_MEMORY = """
 import os
 import torch
+import zarr
 from policypipe.policy.diffusion import DiffusionPolicy
 
 real_forward = DiffusionPolicy.forward
@@ -631,3 +634,48 @@ def test_a_stop_request_on_one_rank_stops_both_at_the_same_step_and_resumes_exac
         torch.equal(a, b)
         for a, b in zip(weights(root / "straight").values(), weights(root / "stopped").values())
     )
+
+
+@pytest.fixture(scope="module")
+def event_dataset(tmp_path_factory) -> tuple[Path, dict]:
+    """Episodes of 4.3-5.3 s: the tiny store's widths close and open by 60 mm every 1.6 s."""
+    from policypipe.dataset.stats import StatsConfig, compute_statistics
+    from tests.dataset.conftest import make_store
+    from tests.training.conftest import WINDOW
+
+    store = tmp_path_factory.mktemp("events") / "ds.zarr"
+    make_store(store, lengths=(150, 130, 160, 140, 135, 155))
+    stats = compute_statistics(zarr.open_group(store, mode="r"), WINDOW, StatsConfig(val_fraction=0.34))
+    return store, json.loads(json.dumps(stats | {"dataset_fingerprint": {"sha256": "f" * 64}}))
+
+
+def test_the_event_loss_trains_on_the_datasets_grasps_and_releases_and_is_logged_apart(
+    event_dataset, tmp_path: Path
+) -> None:
+    store, stats = event_dataset
+    stats = json.loads(json.dumps(stats))
+    records: list[dict] = []
+    config = replace(
+        CONFIG, steps=40, val_every=10, checkpoint_every=20, model=replace(MODEL, event_loss_weight=1.0)
+    )
+    result = train(
+        store=store,
+        stats=stats,
+        stats_sha256="s" * 64,
+        config=config,
+        run_dir=tmp_path / "run",
+        log_step=records.append,
+    )
+    event_losses = [r["val_event_loss"] for r in records if "val_event_loss" in r]
+    assert len(event_losses) == sum("val_loss" in r for r in records) >= 3
+    # The tiny store's frames are patterns that say nothing of the poses: the held-out event loss
+    # is logged, not expected to fall (tests/policy/test_diffusion.py fits it).
+    assert all(math.isfinite(v) for v in event_losses) and len(set(event_losses)) > 1
+    assert any(name.startswith("event_head.") for name in weights(tmp_path / "run"))
+    assert result.best_val_loss is not None  # the denoising loss alone, as without it
+
+    # A training recording without a grasp is refused by name before a step is taken.
+    stats["events"]["episodes"][stats["split"]["train"][0]]["missing"] = "no grasp"
+    with pytest.raises(ValueError, match=r"have none: ep\d \(no grasp\)"):
+        train(store=store, stats=stats, stats_sha256="s" * 64, config=config, run_dir=tmp_path / "other")
+    assert not (tmp_path / "other").exists()

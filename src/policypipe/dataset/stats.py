@@ -22,6 +22,7 @@ import numpy as np
 import zarr
 
 from policypipe.dataset import layout
+from policypipe.dataset.events import dataset_events, event_labels, label_statistics
 from policypipe.dataset.joint_windows import JointSeries, open_series
 from policypipe.dataset.split import RULE, SPLIT_BY, episode_groups, split_episodes
 from policypipe.dataset.windows import (
@@ -231,6 +232,9 @@ def compute_statistics(root: zarr.Group, window: WindowConfig, config: StatsConf
     )
     streams = open_series(root)  # loaded (and its interpolators built) once, for every pass
     return {
+        # Grasps and releases read off each episode's width stream, and the statistics of the labels
+        # they give the training frames (dataset.events; train.model.event_loss_weight).
+        **({"events": events} if (events := _events(root, train)) else {}),
         "split": {
             "rule": RULE,
             "split_by": config.split_by,
@@ -267,3 +271,14 @@ def compute_statistics(root: zarr.Group, window: WindowConfig, config: StatsConf
         "of the order statistics bracketing the quantile",
         "quantile_bins": config.quantile_bins,
     }
+
+
+def _events(root: zarr.Group, train: list[int]) -> dict[str, Any]:
+    """The dataset's events and the statistics of their labels over the training episodes' rows
+    (a joint-space dataset has none: {})."""
+    events = dataset_events(root)
+    if not events:
+        return {}
+    first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
+    rows = np.concatenate([np.arange(first[e], last[e] + 1) for e in train])
+    return {**events, "labels": label_statistics(event_labels(root, events), rows)}

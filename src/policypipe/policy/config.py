@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from policypipe.dataset.windows import ACTION_DIM, POSE_DIM
@@ -86,6 +87,13 @@ class PolicyConfig:
     # clean chunk ("sample") or the velocity ("v_prediction", which is well conditioned at every
     # noise level). docs/training.md, "Measured choices", compares epsilon and sample.
     prediction_type: str = "epsilon"
+    # Teaching the encoder what the recordings know (`dataset.events`; docs/rollout.md, "Teaching
+    # the encoder what the recordings know"): the weight of an auxiliary loss in which a small head
+    # on camera 0's features predicts each gripper's pose at its next grasp and at its next release,
+    # relative to the current pose: labels read off the recordings' own width and pose streams by
+    # `stats`. The diffusion head reads the same features, so they learn where the object is, how
+    # it is turned and where it goes. 0: the plain diffusion loss, and no head.
+    event_loss_weight: float = 0.0
 
     @property
     def joint_space(self) -> bool:
@@ -101,6 +109,11 @@ class PolicyConfig:
     def privileged(self) -> bool:
         """Observes the synthetic scene's state instead of seeing it (a control, never a real policy)."""
         return self.scene_state_dim > 0
+
+    @property
+    def event_labels(self) -> bool:
+        """Trained with the auxiliary loss on the recordings' grasps and releases (`dataset.events`)."""
+        return self.event_loss_weight > 0
 
     @property
     def obs_lowdim_dim(self) -> int:
@@ -137,6 +150,13 @@ class PolicyConfig:
         if not 1 <= self.n_action_steps <= self.horizon:
             raise ValueError(
                 f"n_action_steps must be in 1..horizon ({self.horizon}), got {self.n_action_steps}"
+            )
+        if not (math.isfinite(self.event_loss_weight) and self.event_loss_weight >= 0):
+            raise ValueError(f"event_loss_weight must be a finite number >= 0, got {self.event_loss_weight}")
+        if self.event_labels and (self.joint_space or self.privileged):
+            raise ValueError(
+                "event_loss_weight teaches an image encoder the poses of a gripper's grasps and releases: "
+                "a joint-space policy has no gripper poses and the privileged control no encoder; set it to 0"
             )
         # Params files reach this through `train_config_from_params`, which says the same in terms
         # of the `policy` section, where the horizon is set; this guards every other way of building

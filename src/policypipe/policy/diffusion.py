@@ -21,6 +21,11 @@ and for each further camera k (`config.cameras`):
 and the privileged control (`config.scene_state_dim` S > 0, `synthetic.privileged`) takes, in place
 of the images:
   obs_scene_state  float (B, O, S)     the block and the mark in the gripper's frame at each step
+Training with `config.event_loss_weight` > 0 also takes each observation step's labels from the
+recordings' grasps and releases (`dataset.events`); the last step's are the targets:
+  event_next_grasp    float (B, O, 9 G)  each gripper's pose at its next grasp, relative to the current
+  event_next_release  float (B, O, 9 G)  its pose at its next release
+  event_valid         float (B, O, 2 G)  1 where there is a next grasp / next release
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ import torch.nn.functional as F
 from diffusers import DDIMScheduler, DDPMScheduler
 from torch import nn
 
-from policypipe.dataset.windows import ACTION_DIM
+from policypipe.dataset import events
+from policypipe.dataset.windows import ACTION_DIM, POSE_DIM
 from policypipe.policy.config import PolicyConfig
 from policypipe.policy.encoder import ImageEncoder
 from policypipe.policy.normalizer import ImageNormalizer, LowDimNormalizer
@@ -74,6 +80,15 @@ class DiffusionPolicy(nn.Module):
             self.absent_camera = nn.Parameter(
                 0.02 * torch.randn(config.cameras - 1, config.image_feature_dim)
             )
+        if config.event_labels:
+            # Camera 0's features -> each gripper's next grasp and next release pose (normalised):
+            # an auxiliary head that trains the encoder and that inference never reads.
+            self.event_head = nn.Sequential(
+                nn.Linear(config.image_feature_dim, EVENT_HEAD_WIDTH),
+                nn.Mish(),
+                nn.Linear(EVENT_HEAD_WIDTH, 2 * POSE_DIM * config.grippers),
+            )
+            self.event_normalizer = LowDimNormalizer(2 * POSE_DIM * config.grippers, "mean_std")
         seen = config.scene_state_dim if config.privileged else config.cameras * config.image_feature_dim
         cond_dim = config.n_obs_steps * (seen + config.obs_lowdim_dim)
         self.denoiser = ConditionalUnet1D(
@@ -146,6 +161,18 @@ class DiffusionPolicy(nn.Module):
         self.image_normalizer.fit(image_stats[0])
         for normalizer, camera_stats in zip(getattr(self, "camera_image_normalizers", []), image_stats[1:]):
             normalizer.fit(camera_stats)
+        if self.config.event_labels:
+            labels = stats.get("events", {}).get("labels", {})
+            entries = [
+                labels.get(events.STATS_ENTRIES[key]) for key in (events.NEXT_GRASP, events.NEXT_RELEASE)
+            ]
+            if None in entries:
+                raise ValueError(
+                    "the statistics have no statistics of the grasp and release labels (`events.labels`, "
+                    "made by the stats stage of this version from a dataset with grasps and releases): "
+                    "rerun `dvc repro stats`, or set train.model.event_loss_weight to 0"
+                )
+            self.event_normalizer.fit({k: entries[0][k] + entries[1][k] for k in ("mean", "std")})
 
     def _width_dims(self) -> list[int]:
         """The action dimensions (of one step) that are grippers' openings."""
@@ -201,6 +228,12 @@ class DiffusionPolicy(nn.Module):
         """(B, O * (C F + 9 G^2 + G)), or (B, O * (C F + D)) in joint space: every camera's image
         features and the normalised low-dimensional state, per obs step; the privileged control's
         (B, O * (S + 10)) has the scene's state in place of the features."""
+        return self._condition(batch, generator)[0]
+
+    def _condition(
+        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`condition`, and (B, O, F) camera 0's features (the scene's state for the control)."""
         if self.config.privileged:
             features = [self.scene_state_normalizer.normalize(batch["obs_scene_state"])]
         else:
@@ -217,7 +250,7 @@ class DiffusionPolicy(nn.Module):
                 self.pose_normalizer.normalize(batch["obs_pose"]),
                 self.width_normalizer.normalize(batch["obs_width"]),
             ]
-        return torch.cat([*features, *lowdim], dim=-1).flatten(1)
+        return torch.cat([*features, *lowdim], dim=-1).flatten(1), features[0]
 
     def _camera_features(
         self, k: int, batch: dict[str, torch.Tensor], generator: torch.Generator | None
@@ -235,7 +268,42 @@ class DiffusionPolicy(nn.Module):
     def compute_loss(
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        cond = self.condition(batch, generator)
+        """The training loss: the denoising loss, plus `event_loss_weight` times the event loss."""
+        losses = self.compute_losses(batch, generator)
+        if "event" not in losses:
+            return losses["diffusion"]
+        return losses["diffusion"] + self.config.event_loss_weight * losses["event"]
+
+    def compute_losses(
+        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor]:
+        """{"diffusion": the denoising loss} and, with event labels, "event": the mean squared error
+        of the normalised next grasp and release poses over the labels that exist (unweighted)."""
+        cond, features = self._condition(batch, generator)
+        losses = {"diffusion": self._denoising_loss(batch, cond, generator)}
+        if self.config.event_labels:
+            losses["event"] = self._event_loss(batch, features[:, -1])
+        return losses
+
+    def predict_events(self, features: torch.Tensor) -> torch.Tensor:
+        """(B, F) camera 0's features -> (B, 2, G, 9) each gripper's predicted pose at its next grasp
+        (index 0) and its next release (1), relative to the current pose, in the dataset's units."""
+        out = self.event_normalizer.unnormalize(self.event_head(features))
+        return out.view(len(features), 2, self.config.grippers, POSE_DIM)
+
+    def _event_loss(self, batch: dict[str, torch.Tensor], features: torch.Tensor) -> torch.Tensor:
+        target = torch.cat([batch[events.NEXT_GRASP][:, -1], batch[events.NEXT_RELEASE][:, -1]], dim=-1)
+        error = (self.event_head(features) - self.event_normalizer.normalize(target)) ** 2  # (B, 2 * 9 G)
+        g = self.config.grippers
+        # (B, 2 G) valid flags [grasp g0, release g0, grasp g1, ...] -> the layout of the targets,
+        # [grasp g0 (9), grasp g1 (9), ..., release g0 (9), ...]
+        valid = batch[events.VALID][:, -1].view(-1, g, 2).transpose(1, 2).reshape(-1, 2 * g)
+        mask = valid.repeat_interleave(POSE_DIM, dim=-1).to(error.dtype)
+        return (error * mask).sum() / mask.sum().clamp_min(1.0)
+
+    def _denoising_loss(
+        self, batch: dict[str, torch.Tensor], cond: torch.Tensor, generator: torch.Generator | None
+    ) -> torch.Tensor:
         actions = batch["action"]
         if self.config.width_action == "absolute":
             actions = actions + self._width_shift(batch["obs_width"])
@@ -294,6 +362,10 @@ class DiffusionPolicy(nn.Module):
         if self.config.normalize_actions_per_step:
             return self.action_normalizer.unnormalize(normalized.flatten(-2)).view_as(normalized)
         return self.action_normalizer.unnormalize(normalized)
+
+
+# Hidden units of the event head (`config.event_loss_weight`): small beside the encoder it trains.
+EVENT_HEAD_WIDTH = 256
 
 
 def _camera_number(key: str) -> int:

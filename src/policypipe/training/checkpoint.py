@@ -185,10 +185,11 @@ LATEST = "latest"
 # ---------------------------------------------------------------- the run
 
 
-# What a run recorded before these keys were in a run's identity was computed with (the earlier
-# code path, docs/training.md "Throughput"): such a run resumes with them set so, and is refused,
-# naming them, with other values.
-RECORDED_BEFORE_KEYS = {"channels_last": False, "fused_adamw": False}
+# What a run recorded before these keys were in a run's identity was computed with: such a run
+# resumes with them set so, and is refused, naming them, with other values. The code path's keys
+# (the earlier code path, docs/training.md "Throughput"), and the event loss (none).
+EARLIER_CODE_PATH = {"channels_last": False, "fused_adamw": False}
+RECORDED_BEFORE_KEYS = EARLIER_CODE_PATH | {"model.event_loss_weight": 0.0}
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 
 from policypipe.atomic import write_json_atomic
 from policypipe.config import require_same_window
+from policypipe.dataset.events import training_labels
 from policypipe.dataset.window_dataset import WindowDataset
 from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.training.checkpoint import (
@@ -68,16 +69,17 @@ def adamw(policy: torch.nn.Module, config: TrainConfig) -> torch.optim.AdamW:
 
 
 @torch.no_grad()
-def validation_loss(
+def validation_losses(
     policy: DiffusionPolicy, batches: list[dict[str, torch.Tensor]], device, seed: int
-) -> float:
-    """Denoising loss on held-out episodes, with fixed noise: comparable across steps and runs."""
+) -> dict[str, float]:
+    """Losses on held-out episodes, with fixed noise: comparable across steps and runs. "diffusion":
+    the denoising loss, whatever else the policy is trained on; "event": the event loss, when it is."""
     was_training = policy.training
     policy.eval()
     generator = torch.Generator().manual_seed(seed)
-    losses = [policy.compute_loss(_to(b, device), generator).item() for b in batches]
+    losses = [policy.compute_losses(_to(b, device), generator) for b in batches]
     policy.train(was_training)
-    return float(np.mean(losses))
+    return {key: float(np.mean([loss[key].item() for loss in losses])) for key in losses[0]}
 
 
 @dataclass
@@ -245,6 +247,9 @@ def _train_once(
     )
 
     images = not config.model.privileged
+    if config.model.event_labels:  # each row's next grasp and release poses, the event loss's targets
+        labels = training_labels(store, stats, stats["split"]["train"] + stats["split"]["val"])
+        row_features = {**(row_features or {}), **labels}
     train_set = WindowDataset(store, stats["split"]["train"], window, row_features, images)
     val_set = WindowDataset(store, stats["split"]["val"], window, row_features, images)
 
@@ -337,7 +342,10 @@ def _train_once(
         # to continue from: no validation there, so an interrupted and resumed run keeps the
         # history (and top-k) of an uninterrupted one.
         if done % config.val_every == 0 or scheduled or done == 1:
-            record["val_loss"] = validation_loss(ema, val_batches, accelerator.device, config.seed)
+            val = validation_losses(ema, val_batches, accelerator.device, config.seed)
+            record["val_loss"] = val["diffusion"]
+            if "event" in val:
+                record["val_event_loss"] = val["event"]
             history.val.append((done, record["val_loss"]))
         if scheduled and probe is not None:
             executed = probe.measure(ema, accelerator.device)
