@@ -13,6 +13,7 @@ from policy_stage import policy_stage_parser, record_policy_inputs, skip_policy_
 
 from policypipe.atomic import write_json_atomic
 from policypipe.lineage.provenance import StageRun
+from policypipe.progress import Progress
 from policypipe.rollout.references import not_of_the_sample_scene, training_demonstrations
 from policypipe.rollout.report import (
     CONTROLLERS,
@@ -66,7 +67,15 @@ def main() -> None:
             f"x {len(CONTROLLERS)} controllers, {workers} workers ...",
             flush=True,
         )
-        results = run_rollouts(args.policy, config, workers, demonstrations)
+        # Minutes of episodes: a bar on a terminal, a line every 10 s in a log (stderr, never an output).
+        with Progress(config.episodes * len(CONTROLLERS), desc="rollout", unit="episode") as bar:
+            results = run_rollouts(
+                args.policy,
+                config,
+                workers,
+                demonstrations,
+                progress=lambda _controller, _result: bar.update(1),
+            )
         metrics = report(results, config)
         write_json_atomic(args.metrics, metrics)
         args.plots.mkdir(parents=True, exist_ok=True)

@@ -342,8 +342,17 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from policypipe.serving.server import serve_policy
+    import math
 
+    from policypipe.serving.server import serve_policy, ws_url
+
+    # Refused here, before the policy loads: the bind would fail only after it.
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: a TCP port is 0 to 65535 (0: any free one)")
+    if not (math.isfinite(args.max_request_mb) and args.max_request_mb * 2**20 >= 1):
+        raise UsageError(
+            f"--max-request-mb {args.max_request_mb}: give a positive, finite size in MiB (default 64)"
+        )
     # Connections, refusals and error replies, for whoever watches the server's console.
     logging.getLogger("policypipe.serving").setLevel(logging.INFO)
 
@@ -351,7 +360,7 @@ def _serve(args: argparse.Namespace) -> int:
         policy, runtime = metadata["policy"], metadata["runtime"]
         print(
             f"serving {args.policy} (weights sha256 {policy['weights_sha256'][:12]}..., "
-            f"{runtime['frequency_hz']:.1f} Hz, chunks of {runtime['horizon']}) on ws://{host}:{port}, "
+            f"{runtime['frequency_hz']:.1f} Hz, chunks of {runtime['horizon']}) on {ws_url(host, port)}, "
             + ("clients need the token" if args.token_file else "no token: this machine only")
             + "; stop with Ctrl-C or SIGTERM",
             flush=True,

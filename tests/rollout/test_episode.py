@@ -144,6 +144,20 @@ def test_the_outcomes_do_not_depend_on_the_number_of_workers(pipeline) -> None: 
     ]
 
 
+def test_each_finished_episode_is_reported_in_order_for_the_stages_progress(pipeline) -> None:  # noqa: F811
+    stage = RolloutStageConfig(episodes=2, first_seed=3, time_limit_s=0.2, videos=0)
+    for workers in (1, 2):
+        reported: list[tuple[str, int]] = []
+
+        def progress(controller: str, result, reported=reported) -> None:
+            reported.append((controller, result.seed))
+
+        # No demonstrations: holding still replays none.
+        results = run_rollouts(pipeline.policy, stage, workers, [[]], ("policy", "hold_still"), progress)
+        assert reported == [("policy", 3), ("policy", 4), ("hold_still", 3), ("hold_still", 4)]
+        assert [r.seed for r in results["hold_still"]] == [3, 4]
+
+
 def test_a_video_holds_the_episode_frame_by_frame_at_the_camera_rate(pipeline, tmp_path) -> None:  # noqa: F811
     import av
 

@@ -6,6 +6,7 @@ import os
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 
@@ -62,6 +63,53 @@ def test_a_server_process_answers_then_sigterm_closes_its_connections_going_away
                 robot.health()
         assert "SIGTERM: connections closed, server stopped" in process.stdout.read()
         assert "Traceback" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        process.stdout.close()
+        process.stderr.close()
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--max-request-mb", "inf", "--max-request-mb inf: give a positive, finite size"),
+        ("--max-request-mb", "nan", "--max-request-mb nan: give a positive, finite size"),
+        ("--max-request-mb", "0", "--max-request-mb 0.0: give a positive, finite size"),
+        ("--port", "70000", "--port 70000: a TCP port is 0 to 65535"),
+        ("--port", "-1", "--port -1: a TCP port is 0 to 65535"),
+    ],
+)
+def test_an_impossible_port_or_request_limit_is_an_error_line_before_the_policy_loads(
+    tmp_path, capsys, option: str, value: str, says: str
+) -> None:
+    # No policy in the folder: refusing it would say "train it again"; the option is refused first.
+    (tmp_path / "policy").mkdir()
+    assert main(["serve", str(tmp_path / "policy"), option, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {says}") and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_a_server_on_ipv6_loopback_prints_a_url_with_the_address_in_brackets(pipeline) -> None:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "policypipe.cli", "serve", str(pipeline.policy), "--host", "::1",
+         "--port", "0", "--threads", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
+    )  # fmt: skip
+    try:
+        url = re.search(r" on (ws://\S+),", first_line(process, 60)).group(1)
+        assert re.fullmatch(r"ws://\[::1\]:\d+", url)
+        with PolicyClient(url) as client:
+            assert client.health()["status"] == "ok"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
     finally:
         if process.poll() is None:
             process.kill()

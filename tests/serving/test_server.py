@@ -4,7 +4,11 @@ and hostile ones."""
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
+import time
+import tracemalloc
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -348,3 +352,97 @@ def test_stopping_lets_the_act_in_flight_reply_then_closes_every_connection_goin
             idle.close()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(server.url.replace("ws://", "http://") + "/healthz", timeout=2)
+
+
+def amplifying(observation: dict, item: bytes, budget: int) -> bytes:
+    """A request of `budget` bytes whose frames are a msgpack list of one-byte `item`s: an empty map
+    (0x80) or nil (0xc0) each, which a decoder without bounds builds as millions of objects."""
+    fields = {k: msgpack_array(v) for k, v in small(observation).items() if k != "frames"}
+    prefix = msgpack.packb({**fields, "frames": None})
+    assert prefix.endswith(b"\xc0")  # frames, packed last
+    count = budget - len(prefix) - 4
+    return prefix[:-1] + b"\xdd" + count.to_bytes(4, "big") + item * count
+
+
+@pytest.mark.parametrize("item", [b"\x80", b"\xc0"], ids=["empty_maps", "nils"])
+def test_a_request_of_millions_of_tiny_values_costs_a_bounded_memory_and_never_stalls_health(
+    runner, observation, pipeline, item
+) -> None:
+    request = amplifying(observation, item, MAX_REQUEST_BYTES - 1024)
+    latencies: list[float] = []
+    with serving(runner, pipeline.policy) as running, ThreadPoolExecutor(1) as pool:
+        with (
+            connect(running.url, max_size=None) as attacker,
+            PolicyClient(running.url, timeout_s=30) as monitor,
+        ):
+            attacker.recv()  # the metadata
+            tracemalloc.start()
+            try:
+                baseline = tracemalloc.get_traced_memory()[0]
+                attacker.send(request)
+                reply = pool.submit(attacker.recv, timeout=60)
+                while not latencies or not reply.done():  # health, again and again, while it decodes
+                    started = time.perf_counter()
+                    assert monitor.health()["status"] == "ok"
+                    latencies.append(time.perf_counter() - started)
+                    time.sleep(0.05)
+                peak = tracemalloc.get_traced_memory()[1] - baseline
+            finally:
+                tracemalloc.stop()
+            error = json.loads(reply.result())
+            assert error["error"] in ("bad_request", "too_large") and "frames" in error["message"]
+    assert max(latencies) < 1.0
+    # Both ends of the connection are in this process: the client's copies of the message and the
+    # server's (websockets' buffers) are all of it, 2 to 3 times its size; unbounded, the decoding
+    # took 17 (nils) to 78 (empty maps) times.
+    assert peak < 6 * len(request)
+
+
+def times_shifted(observation: dict, offset: int) -> dict:
+    return {k: v + offset if k.endswith("_ns") else v for k, v in observation.items()}
+
+
+def test_times_whose_chunk_would_wrap_around_int64_are_an_observation_error(
+    runner, observation, pipeline
+) -> None:
+    observation = small(observation)
+    latest = max(int(v.max()) for k, v in observation.items() if k.endswith("_ns"))
+    near_the_end = times_shifted(observation, 2**63 - 1 - 10**6 - latest)  # 1 ms before INT64_MAX
+    # Pose times going backwards by more than 2^63: their int64 difference wraps to a positive one.
+    pose_ns = observation["pose_ns"].copy()
+    pose_ns[-1] = int(pose_ns[-2]) - 2**63 - 10**9
+    backwards = observation | {"pose_ns": pose_ns}
+    with serving(runner, pipeline.policy) as running, PolicyClient(running.url) as client:
+        for bad, field in ((near_the_end, "frame_ns"), (backwards, "pose_ns")):
+            with pytest.raises(RemoteObservationError, match=f"{field} holds .* outside the"):
+                client.act(bad, seed=0)
+        assert client.act(observation, seed=0).execute.any()
+        assert running.server.counts["errors"] == 2
+
+
+def test_a_list_nested_a_thousand_deep_gets_bad_request_not_internal(runner, observation, pipeline) -> None:
+    fields = {k: msgpack_array(v) for k, v in small(observation).items() if k != "frames"}
+    request = msgpack.packb({**fields, "frames": None})[:-1] + b"\x91" * 1000 + b"\x01"
+    with serving(runner, pipeline.policy) as running, connect(running.url) as ws:
+        ws.recv()
+        ws.send(request)
+        assert json.loads(ws.recv(timeout=10))["error"] == "bad_request"
+
+
+def test_stopping_drops_a_connection_that_never_finished_its_handshake_and_says_no_request_was_in_flight(
+    runner, pipeline, caplog
+) -> None:
+    caplog.set_level(logging.INFO, logger="policypipe.serving")
+    running = serving(runner, pipeline.policy)
+    with running as server, socket.create_connection(("127.0.0.1", server.port)) as silent:
+        with PolicyClient(server.url) as client:
+            assert client.health()["status"] == "ok"
+        started = time.monotonic()
+        server.stop()
+        assert time.monotonic() - started < 3  # not the 10 s grace, nor the handshake's open timeout
+        try:
+            assert silent.recv(1) == b"", "closed by the server"
+        except ConnectionResetError:
+            pass  # closed by the server, abruptly
+    assert "still in flight" not in caplog.text
+    assert "connections that never finished their opening handshake, dropped: 1" in caplog.text

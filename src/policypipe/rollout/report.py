@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -172,20 +173,32 @@ def run_rollouts(
     workers: int,
     demonstrations: list[list[Demonstration]],
     controllers: tuple[str, ...] = CONTROLLERS,
+    progress: Callable[[str, EpisodeResult], None] | None = None,
 ) -> dict[str, list[EpisodeResult]]:
     """{controller: results by seed} over the stage's scenes; `demonstrations` are, per gripper, the
-    training episodes the nearest-demonstration reference replays (`references.training_demonstrations`)."""
+    training episodes the nearest-demonstration reference replays (`references.training_demonstrations`).
+    `progress(controller, result)` after each episode, in the jobs' order (the stage's progress lines)."""
     from policypipe.processes import process_pool
 
     seeds = range(stage.first_seed, stage.first_seed + stage.episodes)
     jobs = [(c, s) for c in controllers for s in seeds]
     start = _initializer(policy_dir, stage, demonstrations)
+
+    def reported(results: Iterable[EpisodeResult]) -> list[EpisodeResult]:
+        """`results`, each passed to `progress` as it comes."""
+        kept = []
+        for (controller, _), result in zip(jobs, results):
+            if progress is not None:
+                progress(controller, result)
+            kept.append(result)
+        return kept
+
     if workers == 1:  # here, without starting a process (the same results: each episode is seeded)
         start()
-        results = [_episode(c, s) for c, s in jobs]
+        results = reported(_episode(c, s) for c, s in jobs)
     else:
         with process_pool(workers, start) as pool:
-            results = list(pool.map(_episode, *zip(*jobs)))
+            results = reported(pool.map(_episode, *zip(*jobs)))
     out: dict[str, list[EpisodeResult]] = {c: [] for c in controllers}
     for (controller, _), result in zip(jobs, results):
         out[controller].append(result)

@@ -185,8 +185,11 @@ def checked_times(values, name: str) -> np.ndarray:
         )
     if not np.issubdtype(times.dtype, np.integer):
         raise ObservationError(f"{name} must be integer nanoseconds, got {times.dtype} (seconds as floats?)")
+    if times.dtype.kind == "u" and times.max() > np.iinfo(np.int64).max:
+        raise ObservationError(f"{name} holds {int(times.max())} ns, beyond int64: not a capture time")
     times = times.astype(np.int64)
-    if (back := np.diff(times) <= 0).any():
+    # Compared, not subtracted: a difference of int64 times wraps when they are 2^63 apart.
+    if (back := times[1:] <= times[:-1]).any():
         i = int(np.flatnonzero(back)[0])
         raise ObservationError(
             f"{name} must increase: sample {i + 1} ({times[i + 1]}) is not after sample {i} ({times[i]}), "

@@ -20,6 +20,7 @@ MAKE_TOKEN = (
     "python -c 'import secrets; print(secrets.token_urlsafe(32))' > TOKEN_FILE && chmod 600 TOKEN_FILE"
 )
 SCHEMES = ("bearer", "api-key")
+WHITESPACE_NAMES = {" ": "a space", "\t": "a tab", "\n": "a line break", "\r": "a carriage return"}
 
 
 class AccessError(ValueError):
@@ -43,10 +44,16 @@ def read_token(path: Path) -> str:
         token = path.read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise AccessError(f"cannot read the token file {path}: {exc}") from None
-    if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
+    # The header carries `Bearer TOKEN`: whitespace inside a token would split it (and a tab or a
+    # newline inside one is a file written wrong, not a secret).
+    whitespace = sorted({WHITESPACE_NAMES.get(c, f"U+{ord(c):04X}") for c in token if c.isspace()})
+    if len(token) < MIN_TOKEN_CHARS or whitespace:
+        problems = ([f"only {len(token)} characters"] if len(token) < MIN_TOKEN_CHARS else []) + (
+            [f"whitespace inside it ({', '.join(whitespace)})"] if whitespace else []
+        )
         raise AccessError(
-            f"the token in {path} has {len(token)} characters{' and spaces' if ' ' in token else ''}: "
-            f"use one of at least {MIN_TOKEN_CHARS} without spaces, e.g. `{MAKE_TOKEN}`"
+            f"the token in {path} has {' and '.join(problems)}: use one of at least {MIN_TOKEN_CHARS} "
+            f"characters and no whitespace, e.g. `{MAKE_TOKEN}`"
         )
     if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         logger.warning("the token file %s is readable by other users: chmod 600 %s", path, path)

@@ -3,10 +3,11 @@
 A connection gets the policy's metadata first (as openpi's server does), then answers each request
 in order: an act request with an action chunk, a control request (metadata, health) with a map,
 anything else with an error reply, after which the connection stays open. Acts run on one worker
-thread, one at a time (one model, one noise generator), so that the event loop keeps answering
-metadata and health requests, and handshakes, while a chunk is being computed. On SIGTERM or
-SIGINT the server stops accepting, lets the acts in flight reply, and closes every connection
-with 1001 (going away).
+thread, one at a time (one model, one noise generator), and requests other than the smallest
+(control requests) are decoded on other threads, so that the event loop keeps answering metadata
+and health requests, and handshakes, while a chunk is being computed or a request decoded. On
+SIGTERM or SIGINT the server stops accepting, drops the connections that never finished their
+opening handshake, lets the acts in flight reply, and closes every connection with 1001 (going away).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
@@ -25,6 +27,7 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
+from websockets.protocol import State
 
 from policypipe.runtime.observation import Observation, ObservationError
 from policypipe.serving.access import authorized, read_token, require_token_for
@@ -37,10 +40,9 @@ from policypipe.serving.protocol import (
     Control,
     RequestError,
     chunk_message,
+    decode_request,
     error_text,
     pack,
-    parse_request,
-    unpack,
 )
 
 logger = logging.getLogger(__name__)
@@ -56,8 +58,18 @@ TRANSPORT_FACTOR = 2
 # Messages a connection buffers before websockets stops reading from its socket: a client that
 # sends without waiting for replies is slowed down, not given the server's memory.
 MAX_QUEUE = 2
+# A message up to this size (a control request: 20 bytes) decodes on the event loop, in well under a
+# millisecond whatever it holds; a larger one on a decoding thread, so that no request's decoding
+# delays another connection's reply.
+INLINE_DECODE_BYTES = 256
+DECODE_THREADS = 2
 SHUTDOWN_GRACE_S = 10.0
 HEALTH_PATH = "/healthz"
+
+
+def ws_url(host: str, port: int) -> str:
+    """ws://host:port, an IPv6 address in brackets (ws://[::1]:8000)."""
+    return f"ws://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
 class PolicyServer:
@@ -79,6 +91,9 @@ class PolicyServer:
         self.max_request_bytes = max_request_bytes
         self._metadata_message = pack(metadata)
         self._connections: set[ServerConnection] = set()
+        # Every TCP connection accepted, the handshake finished or not (it lives while websockets
+        # holds it): those still opening are dropped at shutdown, not waited for.
+        self._accepted: weakref.WeakSet[ServerConnection] = weakref.WeakSet()
         self._busy: set[ServerConnection] = set()
         self._closing = False
         self._started = time.monotonic()
@@ -95,11 +110,13 @@ class PolicyServer:
         system chose)."""
         require_token_for(host, self.token)
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policypipe-act")
+        decoders = ThreadPoolExecutor(max_workers=DECODE_THREADS, thread_name_prefix="policypipe-decode")
         try:
             async with serve(
-                lambda ws: self._handle(ws, executor),
+                lambda ws: self._handle(ws, executor, decoders),
                 host,
                 port,
+                create_connection=self._accept,
                 process_request=self._process_request,
                 compression=None,  # arrays compress poorly and the CPU is the policy's
                 max_size=self.max_request_bytes * TRANSPORT_FACTOR,
@@ -109,13 +126,20 @@ class PolicyServer:
                 origins=[None],
             ) as server:
                 bound = server.sockets[0].getsockname()
-                logger.info("serving on ws://%s:%d", bound[0], bound[1])
+                logger.info("serving on %s", ws_url(bound[0], bound[1]))
                 if on_listening is not None:
                     on_listening(bound[0], bound[1])
                 await stop.wait()
                 await self._shut_down(server, executor)
         finally:
             executor.shutdown(wait=True, cancel_futures=True)
+            decoders.shutdown(wait=True, cancel_futures=True)
+
+    def _accept(self, *args: Any, **kwargs: Any) -> ServerConnection:
+        """websockets' connection factory: each TCP connection, as it is accepted."""
+        connection = ServerConnection(*args, **kwargs)
+        self._accepted.add(connection)
+        return connection
 
     def _process_request(self, connection: ServerConnection, request: Any) -> Any:
         """The opening handshake: the health check, then the token."""
@@ -131,7 +155,9 @@ class PolicyServer:
                 )
         return None
 
-    async def _handle(self, ws: ServerConnection, executor: ThreadPoolExecutor) -> None:
+    async def _handle(
+        self, ws: ServerConnection, executor: ThreadPoolExecutor, decoders: ThreadPoolExecutor
+    ) -> None:
         self._connections.add(ws)
         logger.info("connection from %s", ws.remote_address)
         try:
@@ -139,7 +165,7 @@ class PolicyServer:
             async for message in ws:
                 self._busy.add(ws)
                 try:
-                    reply = await self._answer(message, executor)
+                    reply = await self._answer(message, executor, decoders)
                 finally:
                     self._busy.discard(ws)
                 await ws.send(reply)
@@ -152,7 +178,9 @@ class PolicyServer:
             self._connections.discard(ws)
             logger.info("connection from %s closed", ws.remote_address)
 
-    async def _answer(self, message: bytes | str, executor: ThreadPoolExecutor) -> bytes | str:
+    async def _answer(
+        self, message: bytes | str, executor: ThreadPoolExecutor, decoders: ThreadPoolExecutor
+    ) -> bytes | str:
         """The reply to one message: never an exception, never a traceback."""
         try:
             if isinstance(message, str):
@@ -165,7 +193,10 @@ class PolicyServer:
                     f"the request has {len(message)} bytes, this server takes up to {self.max_request_bytes} "
                     "(serve --max-request-mb): send fewer or smaller camera frames",
                 )
-            request = parse_request(unpack(message))
+            if len(message) <= INLINE_DECODE_BYTES:
+                request = decode_request(message)
+            else:
+                request = await asyncio.get_running_loop().run_in_executor(decoders, decode_request, message)
             if isinstance(request, Control):
                 return pack(self._control(request.name))
             self.counts["pending"] += 1
@@ -216,6 +247,13 @@ class PolicyServer:
     async def _shut_down(self, server: Any, executor: ThreadPoolExecutor) -> None:
         self._closing = True
         server.close(close_connections=False)  # no new connections; those computing reply first
+        # A client that connected but never sent its handshake would hold the shutdown until its
+        # open timeout; it has no request to answer, so it is dropped.
+        opening = [ws for ws in self._accepted if ws.protocol.state is State.CONNECTING]
+        for ws in opening:
+            ws.transport.abort()
+        if opening:
+            logger.info("connections that never finished their opening handshake, dropped: %d", len(opening))
         idle = [ws for ws in self._connections if ws not in self._busy]
         await asyncio.gather(
             *(ws.close(CloseCode.GOING_AWAY, "server shutting down") for ws in idle), return_exceptions=True
@@ -223,9 +261,17 @@ class PolicyServer:
         try:
             await asyncio.wait_for(server.wait_closed(), SHUTDOWN_GRACE_S)
         except asyncio.TimeoutError:
-            logger.warning(
-                "requests still in flight after %.0f s: closing their connections", SHUTDOWN_GRACE_S
-            )
+            if self._busy:
+                logger.warning(
+                    "%d requests still in flight after %.0f s: closing their connections",
+                    len(self._busy),
+                    SHUTDOWN_GRACE_S,
+                )
+            else:  # a client that reads no reply, a close handshake never answered
+                logger.warning(
+                    "connections still open after %.0f s, none with a request in flight: closing them",
+                    SHUTDOWN_GRACE_S,
+                )
             executor.shutdown(wait=False, cancel_futures=True)
             await asyncio.gather(
                 *(ws.close(CloseCode.GOING_AWAY, "server shutting down") for ws in list(self._connections)),
@@ -257,7 +303,7 @@ class ServerThread:
 
     def _listening(self, host: str, port: int) -> None:
         self.port = port
-        self.url = f"ws://{'[' + host + ']' if ':' in host else host}:{port}"
+        self.url = ws_url(host, port)
         self._ready.set()
 
     def __enter__(self) -> ServerThread:
