@@ -95,6 +95,13 @@ def main() -> None:
         print(f"{side} ({label}): {summary(report[side])}")
         for gripper, alone in report[side].get("per_gripper", {}).items():  # several grippers: each alone
             print(f"  {gripper}: {side_summary(alone)}")
+    if probe := report.get("encoder_probe", {}).get("next_grasp"):
+        held_out, train = (probe[side].get("start", probe[side]["all"]) for side in ("held_out", "train"))
+        print(
+            f"encoder probe, first second of each episode: the next grasp {held_out['position_mm']:.0f} mm "
+            f"and {held_out['rotation_deg']:.0f} deg off on the {report['headline']} episodes "
+            f"({train['position_mm']:.0f} mm, {train['rotation_deg']:.0f} deg on the training ones)"
+        )
     if "no_test_side" in report:
         print(f"note: {report['no_test_side']}")
     print(f"done in {time.monotonic() - started:.0f} s")

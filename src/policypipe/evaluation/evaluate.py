@@ -56,6 +56,7 @@ from policypipe.evaluation.errors import (
     whole_errors,
 )
 from policypipe.evaluation.nearest_neighbour import NearestNeighbourConfig, NearestNeighbourIndex
+from policypipe.evaluation.probe import encoder_probe
 from policypipe.evaluation.samples import (
     Samples,
     collect_samples,
@@ -263,11 +264,15 @@ def evaluate(
     pc = policy.config
     window = WindowConfig(pc.n_obs_steps, pc.horizon, pc.n_action_steps)
     baselines = Baselines.build(store, stats, window, config)
-    return over_sides(
+    result = over_sides(
         stats,
         lambda episodes: evaluate_side(policy, store, episodes, stats, baselines, config),
         baselines.nearest_neighbour.build_s,
     )
+    # What the image features know of the next grasp and release, on the headline side's frames.
+    headline = held_out_sides(stats)[result["report"]["headline"]]
+    result["report"]["encoder_probe"] = encoder_probe(policy, store, stats, headline)
+    return result
 
 
 def over_sides(
