@@ -58,9 +58,12 @@ def demo_policy(folder: Path) -> tuple[Path, str]:
         n_obs_steps=config.n_obs_steps,
         horizon=config.horizon,
         n_action_steps=config.n_action_steps,
-        width_range_m=(0.0, 0.09),
+        width_ranges_m=((0.0, 0.09),),
         dataset_fingerprint="bench",
         stats_sha256="bench",
+        grippers=(0,),
+        cameras=(0,),
+        max_camera_offset_ms=40.0,
     )
     save_policy(folder, policy, {"bench": True}, spec.to_json())
     return folder, source
