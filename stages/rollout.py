@@ -13,6 +13,7 @@ from policy_stage import policy_stage_parser, record_policy_inputs, skip_policy_
 
 from policypipe.atomic import write_json_atomic
 from policypipe.lineage.provenance import StageRun
+from policypipe.policy.export import is_privileged_control
 from policypipe.progress import Progress
 from policypipe.rollout.references import not_of_the_sample_scene, training_demonstrations
 from policypipe.rollout.report import (
@@ -24,6 +25,8 @@ from policypipe.rollout.report import (
     run_rollouts,
     video_seeds,
 )
+from policypipe.rollout.turn_response import turn_response
+from policypipe.runtime.runner import PolicyRunner
 from policypipe.runtime.spec import RuntimeSpec
 
 
@@ -77,6 +80,10 @@ def main() -> None:
                 progress=lambda _controller, _result: bar.update(1),
             )
         metrics = report(results, config)
+        if config.turn_response_scenes and len(spec.grippers) == 1 and not is_privileged_control(args.policy):
+            print(f"rollout: turn response on {config.turn_response_scenes} scenes ...", flush=True)
+            scenes = range(config.first_seed, config.first_seed + config.turn_response_scenes)
+            metrics["turn_response"] = turn_response(PolicyRunner.load(args.policy, config.seed), scenes)
         write_json_atomic(args.metrics, metrics)
         args.plots.mkdir(parents=True, exist_ok=True)
         contact_sheet(results["policy"], args.plots / "final_frames.png")
@@ -92,6 +99,11 @@ def main() -> None:
             f"{controller}: success {m['success_rate']:.0%} [{ci['ci95_low']:.0%}, {ci['ci95_high']:.0%}] "
             f"of {m['episodes']}, grasped the block in {m['grasp_rate']:.0%}"
             + (f"; {failures}" if failures else "")
+        )
+    if turn := metrics.get("turn_response"):
+        print(
+            f"turn response: the policy turns {turn['policy_slope']:+.2f} degrees per degree the block is "
+            f"turned, the demonstrator {turn['demonstrator_slope']:+.2f}"
         )
     print(f"videos: {', '.join(p.name for p in videos) or 'none'}; {time.monotonic() - started:.0f} s")
 

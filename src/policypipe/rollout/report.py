@@ -49,10 +49,15 @@ class RolloutStageConfig:
     videos: int = 3  # episodes of the policy written as MP4: failures and successes, by seed
     workers: int = 0  # processes (0: all cores); the outcomes do not depend on it
     seed: int = 0  # the policy runner's noise
+    # Scenes (from first_seed) of the turn-response check (`turn_response`): does the policy follow
+    # the block's turn in frames where only the block is turned? 0: not run.
+    turn_response_scenes: int = 10
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.first_seed < 0 or self.videos < 0 or self.workers < 0:
             raise ValueError("rollout.episodes must be >= 1; first_seed, videos and workers >= 0")
+        if self.turn_response_scenes < 0:
+            raise ValueError("rollout.turn_response_scenes must be >= 0 (0: the check is not run)")
         if not self.time_limit_s > 0 or self.latency_ms < 0:
             raise ValueError("rollout.time_limit_s must be > 0 and latency_ms >= 0")
         SimConfig(int(round(self.latency_ms * 1e6)), self.max_speed_m_s)  # its checks
