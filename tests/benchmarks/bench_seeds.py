@@ -46,7 +46,8 @@ def override(sections: dict[str, dict], assignment: str) -> None:
 
 def progress(record: dict) -> None:
     if "val_loss" in record:
-        print(f"  step {record['step']}: val loss {record['val_loss']:.4f}", flush=True)
+        event = f", event loss {record['val_event_loss']:.4f}" if "val_event_loss" in record else ""
+        print(f"  step {record['step']}: val loss {record['val_loss']:.4f}{event}", flush=True)
 
 
 def main() -> None:

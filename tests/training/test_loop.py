@@ -679,3 +679,40 @@ def test_the_event_loss_trains_on_the_datasets_grasps_and_releases_and_is_logged
     with pytest.raises(ValueError, match=r"have none: ep\d \(no grasp\)"):
         train(store=store, stats=stats, stats_sha256="s" * 64, config=config, run_dir=tmp_path / "other")
     assert not (tmp_path / "other").exists()
+
+
+def test_a_pretrained_frozen_encoder_is_the_one_the_policy_ends_with_and_resumes_exactly(
+    event_dataset, tmp_path: Path
+) -> None:
+    from policypipe.policy.diffusion import DiffusionPolicy
+
+    store, stats = event_dataset
+    config = replace(
+        CONFIG,
+        encoder_pretrain_steps=6,
+        freeze_encoder=True,
+        model=replace(MODEL, event_loss_weight=1.0),
+    )
+
+    def run(folder: Path, stop_after=None):
+        return train(
+            store=store,
+            stats=stats,
+            stats_sha256="s" * 64,
+            config=config,
+            run_dir=folder,
+            stop_after=stop_after,
+        )
+
+    run(tmp_path / "whole")
+    final = load_checkpoint(tmp_path / "whole" / "checkpoints" / "latest")
+    torch.manual_seed(CONFIG.seed)
+    fresh = DiffusionPolicy(config.model).state_dict()
+    encoder = [k for k in final.model if k.startswith("encoder.")]
+    assert encoder and all(torch.equal(final.model[k], final.ema[k]) for k in encoder)  # frozen since
+    assert any(not torch.equal(final.model[k], fresh[k]) for k in encoder)  # ... it was pretrained
+    assert any(not torch.equal(final.model[k], fresh[k]) for k in final.model if k.startswith("denoiser."))
+
+    run(tmp_path / "split", stop_after=4)
+    run(tmp_path / "split")  # resumed at step 4: no second pretraining
+    assert all(torch.equal(v, weights(tmp_path / "split")[k]) for k, v in weights(tmp_path / "whole").items())

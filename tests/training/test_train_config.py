@@ -7,12 +7,15 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
 from policypipe.config import ConfigError
+from policypipe.policy.config import PolicyConfig
+from policypipe.training.config import TrainConfig
 
 # The tiny model of conftest.MODEL, as params.yaml sections.
 POLICY = {"n_obs_steps": 2, "horizon": 8, "n_action_steps": 4}
@@ -212,3 +215,16 @@ def test_the_privileged_control_is_named_by_its_export_and_its_observation_is_no
         train_config_from_params(TRAIN | {"model": TRAIN["model"] | {"scene_state_dim": 8}}, POLICY)
     with pytest.raises(ConfigError, match="train.privileged.seed: expected an integer"):
         train_config_from_params(TRAIN | {"privileged": {"seed": "zero"}}, POLICY)
+
+
+def test_pretraining_the_encoder_needs_the_event_loss_and_freezing_it_needs_pretraining() -> None:
+    with pytest.raises(ValueError, match="set model.event_loss_weight > 0 too"):
+        TrainConfig(encoder_pretrain_steps=10)
+    with pytest.raises(ValueError, match="or it would keep a random one"):
+        TrainConfig(freeze_encoder=True, model=PolicyConfig(event_loss_weight=1.0))
+    with pytest.raises(ValueError, match="encoder_pretrain_steps must be >= 0"):
+        TrainConfig(encoder_pretrain_steps=-1, model=PolicyConfig(event_loss_weight=1.0))
+    config = TrainConfig(
+        encoder_pretrain_steps=10, freeze_encoder=True, model=PolicyConfig(event_loss_weight=1.0)
+    )
+    assert replace(config, freeze_encoder=False).encoder_pretrain_steps == 10

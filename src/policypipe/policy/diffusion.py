@@ -285,6 +285,14 @@ class DiffusionPolicy(nn.Module):
             losses["event"] = self._event_loss(batch, features[:, -1])
         return losses
 
+    def compute_event_loss(
+        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """The event loss alone, from camera 0's features at the last observation step, without the
+        denoiser: what pretraining the encoder minimises (`training.pretrain`)."""
+        pixels = self._pixels(batch["obs_images"][:, -1], self.image_normalizer, generator)
+        return self._event_loss(batch, self.encoder(pixels))
+
     def predict_events(self, features: torch.Tensor) -> torch.Tensor:
         """(B, F) camera 0's features -> (B, 2, G, 9) each gripper's predicted pose at its next grasp
         (index 0) and its next release (1), relative to the current pose, in the dataset's units."""

@@ -187,9 +187,13 @@ LATEST = "latest"
 
 # What a run recorded before these keys were in a run's identity was computed with: such a run
 # resumes with them set so, and is refused, naming them, with other values. The code path's keys
-# (the earlier code path, docs/training.md "Throughput"), and the event loss (none).
+# (the earlier code path, docs/training.md "Throughput"), and the event loss and pretraining (none).
 EARLIER_CODE_PATH = {"channels_last": False, "fused_adamw": False}
-RECORDED_BEFORE_KEYS = EARLIER_CODE_PATH | {"model.event_loss_weight": 0.0}
+RECORDED_BEFORE_KEYS = EARLIER_CODE_PATH | {
+    "model.event_loss_weight": 0.0,
+    "encoder_pretrain_steps": 0,
+    "freeze_encoder": False,
+}
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,11 @@ class TrainConfig:
     # Out of memory in the first steps: halve the per-device batch and double grad_accum (the
     # batch per optimizer step is kept), down to this many samples per device.
     min_device_batch: int = 2
+    # Before the diffusion training, this many steps of the event loss alone on the image encoder and
+    # the event head (`training.pretrain`; needs model.event_loss_weight > 0); and whether the encoder
+    # then stays as pretrained (its weights no longer trained).
+    encoder_pretrain_steps: int = 0
+    freeze_encoder: bool = False
     model: PolicyConfig = field(default_factory=PolicyConfig)
     # null: the policy sees through its cameras. A mapping: the privileged control (PrivilegedExport).
     privileged: PrivilegedExport | None = None
@@ -106,7 +111,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         # keep_top_k 0: `latest` only; frame_cache_mb 0: no decoded frames kept.
-        for name in ("warmup_steps", "keep_top_k", "num_workers", "frame_cache_mb"):
+        for name in ("warmup_steps", "keep_top_k", "num_workers", "frame_cache_mb", "encoder_pretrain_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         # `not x > 0` is true for NaN too. A zero learning rate never moves the weights, and a zero
@@ -139,6 +144,16 @@ class TrainConfig:
                 )
         if self.rank_by not in RANK_BY:
             raise ValueError(f"rank_by must be one of {RANK_BY}, got {self.rank_by!r}")
+        if self.encoder_pretrain_steps and not self.model.event_labels:
+            raise ValueError(
+                "encoder_pretrain_steps pretrains the encoder on the recordings' grasps and releases: "
+                "set model.event_loss_weight > 0 too"
+            )
+        if self.freeze_encoder and not self.encoder_pretrain_steps:
+            raise ValueError(
+                "freeze_encoder keeps the pretrained encoder: set encoder_pretrain_steps > 0, or it would "
+                "keep a random one"
+            )
         if self.export == "best" and self.keep_top_k < 1:
             raise ValueError("export 'best' needs keep_top_k >= 1: the best-ranked checkpoint is a kept one")
         if self.mixed_precision not in ("no", "bf16"):

@@ -46,6 +46,7 @@ from policypipe.training.distributed import (
     any_process,
     backward_agreeing_on_memory,
 )
+from policypipe.training.pretrain import pretrain_encoder
 from policypipe.training.ranking import ExecutedErrorProbe
 from policypipe.training.sampler import EpochSampler, MicroBatches, fixed_val_batches
 from policypipe.training.schedules import ema_decay, ema_update, lr_factor
@@ -253,6 +254,10 @@ def _train_once(
     train_set = WindowDataset(store, stats["split"]["train"], window, row_features, images)
     val_set = WindowDataset(store, stats["split"]["val"], window, row_features, images)
 
+    # Before the loading workers start (and pretraining): they share what is decoded here.
+    for note in train_set.keep_decoded_frames(config.frame_cache_mb * 10**6, shared=config.num_workers > 0):
+        log.warning(note)
+
     start_step, resumed_from, history = 0, None, TrainHistory()
     if state is not None:
         policy.load_state_dict(state.model)
@@ -269,14 +274,26 @@ def _train_once(
         history = TrainHistory.from_json(state.trainer["history"])
         start_step = resumed_from = state.trainer["step"]
         log.info("resuming from %s at step %d", resume.folder, start_step)
+    elif config.encoder_pretrain_steps:  # a fresh run: the encoder first learns the grasps and releases
+        policy.to(accelerator.device)
+        losses = pretrain_encoder(
+            policy,
+            train_set,
+            config.encoder_pretrain_steps,
+            _device_batch(config),
+            config.lr,
+            config.seed,
+            accelerator.device,
+        )
+        ema.load_state_dict(policy.state_dict())  # the EMA starts from the pretrained weights too
+        log.info("encoder pretrained: event loss %.4f -> %.4f", losses[0], losses[-1])
+    if config.freeze_encoder:  # it stays as pretrained (the checkpoint of a resumed run holds it)
+        policy.encoder.requires_grad_(False)
     if is_main and resume.replace_run_dir and run_dir.exists():
         shutil.rmtree(run_dir)  # only what resume_point allows: see there
     accelerator.wait_for_everyone()
     sampler = EpochSampler(len(train_set), config.batch_size, config.seed, start_step)
 
-    # Before the loading workers start: they share what is decoded here.
-    for note in train_set.keep_decoded_frames(config.frame_cache_mb * 10**6, shared=config.num_workers > 0):
-        log.warning(note)
     policy, optimizer = accelerator.prepare(policy, optimizer)
     ema.to(accelerator.device)
     loader = DataLoader(
