@@ -57,3 +57,13 @@ def test_a_policy_blind_to_the_block_has_slope_zero_beside_the_demonstrators() -
     assert result["policy_slope"] == 0.0 and result["seen_fraction"] == 0.0
     assert -1.0 < result["demonstrator_slope"] < -0.2
     assert result["scenes"] == [1000, 1002]
+
+
+def test_a_turn_that_flips_the_demonstrators_way_of_lining_up_is_left_out_for_both() -> None:
+    # Scene 4 asks for a turn of -60 degrees: turned by -45 more, the block is lined up the other way
+    # round (+75), and the demonstrator's turn jumps; every other turn keeps its way.
+    plan = rollout_scene(4)
+    kept = [tr.same_way(plan, math.radians(t)) for t in tr.TURNS_DEG]
+    assert kept == [False, True, True, True, True, True, True]
+    responses = [[100.0, 10.0, 5.0, 0.0, -5.0, -10.0, -15.0]]  # a jump where it flips, -1/3 elsewhere
+    assert tr.slope(tr.TURNS_DEG, responses, [kept]) == pytest.approx(-1 / 3)
