@@ -64,11 +64,7 @@ def test_a_server_process_answers_then_sigterm_closes_its_connections_going_away
         assert "SIGTERM: connections closed, server stopped" in process.stdout.read()
         assert "Traceback" not in process.stderr.read()
     finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-        process.stdout.close()
-        process.stderr.close()
+        reap(process)
 
 
 @pytest.mark.parametrize(
@@ -111,8 +107,13 @@ def test_a_server_on_ipv6_loopback_prints_a_url_with_the_address_in_brackets(pip
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-        process.stdout.close()
-        process.stderr.close()
+        reap(process)
+
+
+def reap(process: subprocess.Popen) -> None:
+    """The server ended, killed if a failed assertion left it running, and its pipes closed."""
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    process.stdout.close()
+    process.stderr.close()
