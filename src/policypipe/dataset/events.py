@@ -221,7 +221,8 @@ def event_labels(root: zarr.Group, events: dict[str, Any]) -> dict[str, np.ndarr
 
 def label_statistics(labels: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, dict[str, Any]]:
     """Per-dimension count, min, max, mean and std of the valid labels at `rows` (the training
-    episodes' frames), as stats.json's `lowdim` entries (the policy normalises its targets with them)."""
+    episodes' frames), as stats.json's `events.labels` holds them (the policy normalises its targets
+    with them)."""
     out = {}
     gs = labels[VALID].shape[1] // 2
     for column, key in enumerate((NEXT_GRASP, NEXT_RELEASE)):

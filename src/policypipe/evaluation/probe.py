@@ -42,12 +42,9 @@ BATCH = 256
 def rows_of(root: zarr.Group, episodes: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """Every PROBE_STRIDE-th row of `episodes`, and whether it is in its episode's first START_S."""
     first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
-    time_s = root[layout.TIMESTAMP][:]
     rows = np.concatenate([np.arange(first[e], last[e] + 1, PROBE_STRIDE) for e in episodes])
-    episode_start = np.repeat(
-        time_s[first[episodes]], [len(range(first[e], last[e] + 1, PROBE_STRIDE)) for e in episodes]
-    )
-    return rows, time_s[rows] - episode_start < START_S
+    # The episode clock: data/timestamp is 0 at each episode's first frame (docs/dataset.md).
+    return rows, root[layout.TIMESTAMP][:][rows] < START_S
 
 
 @torch.no_grad()
@@ -59,7 +56,7 @@ def image_features(policy: DiffusionPolicy, store: Path, rows: np.ndarray) -> np
     out = []
     for start in range(0, len(rows), BATCH):
         frames = torch.from_numpy(reader.read_many(rows[start : start + BATCH]))
-        out.append(policy.encoder(policy._pixels(frames, policy.image_normalizer, None)).double().numpy())
+        out.append(policy.image_features(frames).double().numpy())
     policy.train(was_training)
     return np.concatenate(out)
 

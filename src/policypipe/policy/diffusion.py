@@ -239,8 +239,7 @@ class DiffusionPolicy(nn.Module):
         else:
             images = batch["obs_images"]
             b, o = images.shape[:2]
-            pixels = self._pixels(images.flatten(0, 1), self.image_normalizer, generator)
-            features = [self.encoder(pixels).view(b, o, -1)]
+            features = [self.image_features(images.flatten(0, 1), generator).view(b, o, -1)]
         for k in range(1, self.config.cameras):
             features.append(self._camera_features(k, batch, generator))
         if self.config.joint_space:
@@ -251,6 +250,11 @@ class DiffusionPolicy(nn.Module):
                 self.width_normalizer.normalize(batch["obs_width"]),
             ]
         return torch.cat([*features, *lowdim], dim=-1).flatten(1), features[0]
+
+    def image_features(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """(N, H, W, 3) uint8 camera 0 frames -> (N, F) its encoder's features: of a random crop in
+        training, of the centre crop otherwise (what the diffusion head and the event head read)."""
+        return self.encoder(self._pixels(images, self.image_normalizer, generator))
 
     def _camera_features(
         self, k: int, batch: dict[str, torch.Tensor], generator: torch.Generator | None
@@ -290,8 +294,7 @@ class DiffusionPolicy(nn.Module):
     ) -> torch.Tensor:
         """The event loss alone, from camera 0's features at the last observation step, without the
         denoiser: what pretraining the encoder minimises (`training.pretrain`)."""
-        pixels = self._pixels(batch["obs_images"][:, -1], self.image_normalizer, generator)
-        return self._event_loss(batch, self.encoder(pixels))
+        return self._event_loss(batch, self.image_features(batch["obs_images"][:, -1], generator))
 
     def predict_events(self, features: torch.Tensor) -> torch.Tensor:
         """(B, F) camera 0's features -> (B, 2, G, 9) each gripper's predicted pose at its next grasp
