@@ -40,10 +40,23 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=1000)
     parser.add_argument("--episodes", type=int, default=50)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="as rollout.latency_ms")
+    parser.add_argument("--max-speed", type=float, default=None, help="as rollout.max_speed_m_s (m/s)")
     parser.add_argument("--out", type=Path, help="the results as JSON")
     args = parser.parse_args()
-    stage = RolloutStageConfig(episodes=args.episodes, first_seed=args.first_seed, videos=0)
-    results: dict = {"scenes": [args.first_seed, args.first_seed + args.episodes - 1], "configs": {}}
+    stage = RolloutStageConfig(
+        episodes=args.episodes,
+        first_seed=args.first_seed,
+        videos=0,
+        latency_ms=args.latency_ms,
+        max_speed_m_s=args.max_speed,
+    )
+    results: dict = {
+        "scenes": [args.first_seed, args.first_seed + args.episodes - 1],
+        "latency_ms": args.latency_ms,
+        "max_speed_m_s": args.max_speed,
+        "configs": {},
+    }
     for name, *policies in args.config:
         per_policy, successes, all_episodes = {}, [], []
         for policy in policies:
