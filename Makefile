@@ -70,6 +70,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.benchmarks.bench_stats
 	$(BIN)/python -m tests.benchmarks.bench_train
 	$(BIN)/python -m tests.benchmarks.bench_serve
+	$(BIN)/python -m tests.benchmarks.bench_monitor
 
 # The real-robot recipe on one GPU (docs/training.md, "The real-robot recipe"): a fixed number of
 # steps, samples/s, peak GPU memory and the loss. Refuses in one line on a machine without CUDA.

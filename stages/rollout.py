@@ -13,8 +13,10 @@ from policy_stage import policy_stage_parser, record_policy_inputs, skip_policy_
 
 from policypipe.atomic import write_json_atomic
 from policypipe.lineage.provenance import StageRun
+from policypipe.monitor.scores import Calibration
 from policypipe.policy.export import is_privileged_control
 from policypipe.progress import Progress
+from policypipe.rollout.monitoring import MONITORS
 from policypipe.rollout.references import not_of_the_sample_scene, training_demonstrations
 from policypipe.rollout.report import (
     CONTROLLERS,
@@ -79,7 +81,7 @@ def main() -> None:
                 demonstrations,
                 progress=lambda _controller, _result: bar.update(1),
             )
-        metrics = report(results, config)
+        metrics = report(results, config, Calibration.read(args.policy))
         if config.turn_response_scenes and len(spec.grippers) == 1 and not is_privileged_control(args.policy):
             print(f"rollout: turn response on {config.turn_response_scenes} scenes ...", flush=True)
             scenes = range(config.first_seed, config.first_seed + config.turn_response_scenes)
@@ -105,6 +107,17 @@ def main() -> None:
             f"turn response: the policy turns {turn['policy_slope']:+.2f} degrees per degree the block is "
             f"turned, the demonstrator {turn['demonstrator_slope']:+.2f}"
         )
+    if monitor := metrics.get("monitor"):
+        for name in MONITORS:
+            m = monitor[name]
+            detected, false, lead = m["detected_failures"], m["false_alarms_successes"], m["lead_time_s"]
+            area = m["auroc_failed_vs_successful"]
+            print(
+                f"monitor {name}: alarmed before {detected['count']} of {detected['of']} failures"
+                + (f" (median {lead['median']:.1f} s ahead)" if lead else "")
+                + f", in {false['count']} of {false['of']} successes"
+                + (f"; AUROC {area:.2f}" if area is not None else "")
+            )
     print(f"videos: {', '.join(p.name for p in videos) or 'none'}; {time.monotonic() - started:.0f} s")
 
 

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import zarr
-from common import PARAMS_FILE, fail, setup_logging
+from common import PARAMS_FILE, fail, load_config, setup_logging
 
 from policypipe.atomic import write_json_atomic
 from policypipe.cluster import in_job, launch, submit
@@ -23,6 +23,7 @@ from policypipe.dataset.events import require_events
 from policypipe.lineage.hashing import sha256_file, sha256_path
 from policypipe.lineage.provenance import StageRun
 from policypipe.live_metrics import TrainingLog
+from policypipe.monitor.calibration import MonitorConfig, calibrate
 from policypipe.policy.export import save_policy
 from policypipe.runtime.spec import spec_of_training
 from policypipe.synthetic.privileged import privileged_training
@@ -50,6 +51,7 @@ def main() -> None:
         config = train_config_from_params(
             read_section(PARAMS_FILE, "train"), read_section(PARAMS_FILE, "policy")
         )
+        monitor_config = load_config("monitor", MonitorConfig)
         how = launch.how_to_launch(config.launcher, config.num_processes)
         if how == "slurm":  # this same command on each of the job's tasks, and there it trains
             resources = submit.local_resources(config.slurm)
@@ -105,7 +107,8 @@ def main() -> None:
     # Slurm's warning before a time limit (USR1) or a preemption (SIGTERM): checkpoint at the next
     # step boundary and exit with the code that asks for a requeue.
     stop = StopRequest().install()
-    with StageRun("train", params={"train": asdict(config), "policy": asdict(config.window)}) as run:
+    params = {"train": asdict(config), "policy": asdict(config.window), "monitor": asdict(monitor_config)}
+    with StageRun("train", params=params) as run:
         try:
             result = train(
                 store=args.dataset,
@@ -144,7 +147,20 @@ def main() -> None:
             policy = copy.deepcopy(result.policy)
             policy.load_state_dict(ema)
         lineage = trained_with | {"steps": result.steps} | exported
-        save_policy(args.policy, policy, lineage, spec.to_json())
+        calibration = None
+        if not (spec.joint_space or config.model.privileged):  # what the monitor covers (docs/runtime.md)
+            try:
+                calibration = calibrate(policy.cpu(), spec, args.dataset, stats["split"], monitor_config)
+                lineage["monitor"] = asdict(monitor_config)
+            except ValueError as exc:  # too few validation chunks: the policy is exported without one
+                print(f"warning: the policy is exported without its runtime monitor: {exc}", file=sys.stderr)
+                lineage["monitor"] = {"not_calibrated": str(exc)}
+        save_policy(
+            args.policy, policy, lineage, spec.to_json(), calibration.files() if calibration else None
+        )
+        if calibration is not None:
+            chunks = calibration.details["calibration"]["chunks"]
+            print(f"train: monitor calibrated on {chunks} validation chunks")
         if exported:
             print(
                 f"train: exported the best-ranked checkpoint: step {exported['export_step']} of "

@@ -24,6 +24,7 @@ from policypipe.recordings.streams import read_streams
 from policypipe.runtime.observation import Observation
 from policypipe.runtime.predictions import (
     EXECUTED_TOPIC,
+    MONITOR_TOPIC,
     NOT_ARRIVED,
     PREDICTED_TOPIC,
     REFUSED,
@@ -371,3 +372,21 @@ def test_predicting_holds_a_few_frames_never_the_recordings(
         f"peak {short[0] / 1e6:.1f} MB with {short[1] / 1e6:.1f} MB of frames, "
         f"{long[0] / 1e6:.1f} MB with {long[1] / 1e6:.1f} MB"
     )
+
+
+def test_a_monitored_policy_writes_its_reading_of_every_chunk_to_plot_beside_the_frames(
+    pipeline: Pipeline, validation: Path, monitored: Path, predicted, tmp_path: Path
+) -> None:
+    out = tmp_path / "monitored.mcap"
+    summary = predict_recording(monitored, validation, out, PredictConfig(seed=7))
+    topics = read_back(out)
+    readings = topics[MONITOR_TOPIC]
+    assert {m[:3] for m in readings} == {("policypipe.MonitorReading", "jsonschema", "json")}
+    assert [m[3] for m in readings] == [m[4]["timestamp_ns"] for m in readings] == summary.observation_ns
+    assert readings[0][4]["inconsistency"] is None and all(m[4]["inconsistency"] > 0 for m in readings[1:])
+    assert all(m[4]["novelty"] > 0 and isinstance(m[4]["alarm"], bool) for m in readings)
+    assert summary.alarms_s == [(m[3] - readings[0][3]) / 1e9 for m in readings if m[4]["alarm"]]
+    # The same chunks as without the monitor, and no monitor topic from a policy without one.
+    plain = read_back(predicted[0])
+    assert [m[4] for m in topics[WIDTH_TOPIC]] == [m[4] for m in plain[WIDTH_TOPIC]]
+    assert MONITOR_TOPIC not in plain

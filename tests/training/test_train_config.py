@@ -106,7 +106,7 @@ def test_a_train_config_that_cannot_work_is_refused_naming_the_key_and_range(tra
 def test_the_stage_fails_on_a_bad_value_before_touching_the_run_folder(dataset, tmp_path: Path) -> None:
     store, stats = dataset
     train, policy = sections({"val_every": 0})
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"train": train, "policy": policy}))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"train": train, "policy": policy, "monitor": {}}))
     run_dir = tmp_path / "train"
     kept = run_dir / "checkpoints" / "val_loss-0.50000-step-0000004" / "model.safetensors"
     kept.parent.mkdir(parents=True)
@@ -154,7 +154,7 @@ def test_the_stage_fails_on_a_bad_value_before_touching_the_run_folder(dataset, 
 def test_the_stage_refuses_statistics_made_for_another_policy_section(dataset, tmp_path: Path) -> None:
     store, stats = dataset
     train, policy = sections({}, {"horizon": 16})  # stats.json was computed for horizon 8
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"train": train, "policy": policy}))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"train": train, "policy": policy, "monitor": {}}))
     stage = Path(__file__).resolve().parents[2] / "stages" / "train.py"
     done = subprocess.run(
         [

@@ -343,12 +343,16 @@ class DiffusionPolicy(nn.Module):
 
     @torch.no_grad()
     def predict_action(
-        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
+        self,
+        batch: dict[str, torch.Tensor],
+        generator: torch.Generator | None = None,
+        condition: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(B, horizon, 10 G) actions (joint space: (B, horizon, D) commands) in the dataset's units
         and representation (the openings as changes, whatever `width_action`); the first
-        n_action_steps are executed."""
-        cond = self.condition(batch)
+        n_action_steps are executed. `condition`: the batch's `condition`, where the caller has it
+        already (the runtime monitor reads it too), so that the encoder runs once."""
+        cond = self.condition(batch) if condition is None else condition
         b = cond.shape[0]
         sample = torch.randn(
             (b, self.config.horizon, self.config.action_dim), generator=generator, device="cpu"

@@ -9,6 +9,7 @@ the manifest and reads safetensors and JSON only: no pickled code runs.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,16 @@ from policypipe.policy.diffusion import DiffusionPolicy
 
 
 def save_policy(
-    folder: Path, policy: DiffusionPolicy, lineage: dict[str, Any], runtime: dict[str, Any] | None = None
+    folder: Path,
+    policy: DiffusionPolicy,
+    lineage: dict[str, Any],
+    runtime: dict[str, Any] | None = None,
+    extra_files: dict[str, Callable[[Path], Any]] | None = None,
 ) -> Path:
     """The policy folder; `runtime` is what a runner needs besides the weights
-    (`runtime.spec.RuntimeSpec`, written as runtime.json by the train stage)."""
+    (`runtime.spec.RuntimeSpec`, written as runtime.json by the train stage); `extra_files`, {name:
+    writer(path)}, more files in it (the monitor's calibration, `monitor.scores.Calibration.files`),
+    in its manifest like the rest."""
     state = {k: v.detach().contiguous().cpu() for k, v in policy.state_dict().items()}
     config = canonical_json({"policy": asdict(policy.config)})
     files = {
@@ -33,6 +40,7 @@ def save_policy(
     }
     if runtime is not None:
         files["runtime.json"] = lambda p: p.write_bytes(canonical_json(runtime))
+    files |= extra_files or {}
     return write_folder_atomic(folder, files, extra={"lineage": lineage})
 
 

@@ -76,10 +76,14 @@ class EpisodeResult:
     distance_to_mark_m: float
     final_frame: np.ndarray  # RGB, the camera's last view
     frames: list[np.ndarray]  # RGB, every frame the camera captured (kept only when asked)
+    frame_times_s: tuple[float, ...] = ()  # each kept frame's capture time from the episode's start
     missed_closes: list[dict[str, float]] = field(default_factory=list)  # `Simulator.missed_closes`
     # A rig's episode (`rig.run_rig_episode`): each gripper's own outcome; `outcome` is "success"
     # when all are, else the first failing gripper's.
     gripper_outcomes: tuple[str, ...] = ()
+    # The runtime monitor's readings (`monitor.scores.MonitorReading`) of the chunks the controller
+    # was asked for, each with its time in seconds from the episode's start (`rollout.monitoring`).
+    monitor: tuple[tuple[float, object], ...] = ()
 
 
 def rollout_scene(seed: int) -> MotionPlan:
@@ -238,7 +242,8 @@ def run_rig_plan(
     failed = [o for o in outcomes if o != "success"]
     shown = grippers if scene_camera else 0
     ns = camera_ns[shown]
-    frames = [frame(shown, int(t)) for t in ns[(ns >= t0) & (ns <= now)]] if keep_frames else []
+    kept = ns[(ns >= t0) & (ns <= now)] if keep_frames else ns[:0]
+    frames = [frame(shown, int(t)) for t in kept]
     return EpisodeResult(
         seed=seed,
         outcome=failed[0] if failed else "success",
@@ -246,6 +251,7 @@ def run_rig_plan(
         distance_to_mark_m=max(sim.distance_to_mark() for sim in sims),
         final_frame=frame(shown, int(ns[ns <= now][-1])),
         frames=frames,
+        frame_times_s=tuple(float(t - t0) / NS for t in kept),
         missed_closes=[m for sim in sims for m in sim.missed_closes],
         gripper_outcomes=outcomes if grippers > 1 else (),
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from policypipe.h264 import x264_params
 from policypipe.rollout.episode import EpisodeResult, RolloutConfig, rollout_scene, run_episode
+from policypipe.rollout.monitoring import Watched, assess, first_alarm_s
 from policypipe.rollout.references import (
     Demonstration,
     DemonstrationReplay,
@@ -144,10 +145,10 @@ def _episode(controller: str, seed: int, keep_frames: bool = False) -> EpisodeRe
     runner, stage = _worker["runner"], _worker["stage"]
     config = stage.episode_config(runner.spec.frequency_hz)
     grippers = len(runner.spec.grippers)
+    # A fresh noise sequence per episode: an episode does not depend on which ran before it.
+    runner.generator.manual_seed(stage.seed * 1_000_003 + seed)
     if controller == "policy":
-        # A fresh noise sequence per episode: an episode does not depend on which ran before it.
-        runner.generator.manual_seed(stage.seed * 1_000_003 + seed)
-        chosen = runner
+        chosen = Watched(runner)
     else:
         plans = rig_rollout_scene(seed, grippers).plans if grippers > 1 else [rollout_scene(seed)]
         references = [
@@ -155,10 +156,16 @@ def _episode(controller: str, seed: int, keep_frames: bool = False) -> EpisodeRe
             for i, plan in enumerate(plans)
         ]
         chosen = PerGripper(references) if grippers > 1 else references[0]
+        # The monitor reads the demonstration's episode in the shadow (`monitoring`): its chunks
+        # are never executed; a nominal episode of a new scene.
+        shadow = controller == "demonstration_replay" and runner.monitor is not None
+        chosen = Watched(chosen, runner if shadow else None)
     if grippers > 1:  # the rig: its scene camera is the camera after the wrist cameras
         scene_camera = len(runner.spec.cameras) > grippers
-        return run_rig_episode(chosen, seed, config, grippers, scene_camera, keep_frames)
-    return run_episode(chosen, seed, config, keep_frames=keep_frames)
+        result = run_rig_episode(chosen, seed, config, grippers, scene_camera, keep_frames)
+    else:
+        result = run_episode(chosen, seed, config, keep_frames=keep_frames)
+    return replace(result, monitor=tuple(chosen.readings))
 
 
 def _reference(controller: str, plan, demonstrations: list[Demonstration], frequency_hz: float):
@@ -256,7 +263,14 @@ def record_videos(policy_dir: Path, stage: RolloutStageConfig, seeds: list[int],
             stream.pix_fmt = "yuv420p"
             stream.codec_context.thread_count = 1
             stream.options = {"crf": "23", "preset": "veryfast", "x264-params": x264_params()}
+            alarmed = alarmed_frames(result)
             for i, frame in enumerate(result.frames):
+                if alarmed[i]:  # the monitor's alarm stands: an orange frame and the word
+                    frame = frame.copy()
+                    cv2.rectangle(frame, (0, 0), (frame.shape[1] - 1, frame.shape[0] - 1), (255, 140, 0), 4)
+                    cv2.putText(
+                        frame, "monitor alarm", (8, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (255, 140, 0), 1
+                    )
                 yuv = cv2.cvtColor(frame, cv2.COLOR_RGB2YUV_I420)
                 video_frame = av.VideoFrame.from_ndarray(yuv, format="yuv420p")
                 video_frame.pts = i
@@ -265,6 +279,16 @@ def record_videos(policy_dir: Path, stage: RolloutStageConfig, seeds: list[int],
         partial.replace(path)  # whole videos only
         written.append(path)
     return written
+
+
+def alarmed_frames(result: EpisodeResult) -> list[bool]:
+    """Per kept frame: whether the monitor's latest reading at or before it was an alarm."""
+    times = [t for t, _ in result.monitor]
+    out = []
+    for s in result.frame_times_s:
+        latest = int(np.searchsorted(times, s, side="right")) - 1
+        out.append(latest >= 0 and bool(result.monitor[latest][1].alarm))
+    return out
 
 
 def contact_sheet(results: list[EpisodeResult], path: Path, columns: int = 10) -> Path:
@@ -276,6 +300,9 @@ def contact_sheet(results: list[EpisodeResult], path: Path, columns: int = 10) -
         tile = cv2.resize(r.final_frame, (160, 120), interpolation=cv2.INTER_AREA)[..., ::-1].copy()
         colour = (60, 180, 60) if r.outcome == "success" else (40, 40, 220)
         cv2.rectangle(tile, (0, 0), (159, 119), colour, 3)
+        if (alarm := first_alarm_s(r.monitor)) is not None:  # the monitor's first alarm, orange
+            cv2.rectangle(tile, (3, 3), (76, 16), (0, 140, 255), -1)
+            cv2.putText(tile, f"alarm {alarm:.1f} s", (5, 13), cv2.FONT_HERSHEY_SIMPLEX, 0.33, (0, 0, 0), 1)
         cv2.putText(
             tile, f"{r.seed} {r.outcome}", (5, 112), cv2.FONT_HERSHEY_SIMPLEX, 0.33, (255, 255, 255), 1
         )
@@ -292,8 +319,14 @@ def contact_sheet(results: list[EpisodeResult], path: Path, columns: int = 10) -
     return path
 
 
-def report(results: dict[str, list[EpisodeResult]], stage: RolloutStageConfig) -> dict[str, Any]:
-    """metrics/rollout.json: one summary a controller, the policy's first; what the scenes were."""
+def report(
+    results: dict[str, list[EpisodeResult]],
+    stage: RolloutStageConfig,
+    longest_validation_s: float | None = None,
+) -> dict[str, Any]:
+    """metrics/rollout.json: one summary a controller, the policy's first; what the scenes were; the
+    monitor's figures where the policy has one (`monitoring.assess`; `longest_validation_s`: its
+    calibration's, for the trivial monitor)."""
     first = stage.first_seed
     rig = bool(results["policy"] and results["policy"][0].gripper_outcomes)
     rule = (
@@ -301,9 +334,17 @@ def report(results: dict[str, list[EpisodeResult]], stage: RolloutStageConfig) -
         if rig
         else "episode.rollout_scene: plan_motion with SeedSequence([ROLLOUT_ENTROPY, seed])"
     )
-    return {
-        "scenes": {"seeds": [first, first + stage.episodes - 1], "rule": rule},
-        "time_limit_s": stage.time_limit_s,
-        "latency_ms": stage.latency_ms,
-        "max_speed_m_s": stage.max_speed_m_s,
-    } | {c: summary(results[c]) for c in CONTROLLERS}
+    return (
+        {
+            "scenes": {"seeds": [first, first + stage.episodes - 1], "rule": rule},
+            "time_limit_s": stage.time_limit_s,
+            "latency_ms": stage.latency_ms,
+            "max_speed_m_s": stage.max_speed_m_s,
+        }
+        | {c: summary(results[c]) for c in CONTROLLERS}
+        | {
+            "monitor": assess(
+                results["policy"], results.get("demonstration_replay", []), longest_validation_s
+            )
+        }
+    )

@@ -6,6 +6,7 @@ NumPy only: the robot side (`serving.protocol`, the client) holds chunks without
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,9 @@ class ActionChunk:
     execute: np.ndarray  # (H,) bool
     past: np.ndarray  # (H,) bool: time_ns <= now_ns (all False without a now_ns)
     relative: np.ndarray  # (H, 10 G) the policy's output per gripper: relative pose (9), width change (1)
+    # The runtime monitor's reading of the chunk (`monitor.scores.MonitorReading`), where the policy
+    # has a calibration: novelty, inconsistency, score, alarm.
+    monitor: Any = None
 
     # Gripper 0's targets, by recording format 1's names (its only gripper).
     position = number_zero("grippers", "position")
@@ -47,6 +51,8 @@ class ActionChunk:
         out: dict[str, object] = {"observation_ns": int(self.observation_ns), "time_ns": self.time_ns}
         out |= {f: getattr(self.grippers[0], f) for f in TARGET_FIELDS}
         out |= {"execute": self.execute, "past": self.past, "relative": self.relative}
+        if self.monitor is not None:
+            out["monitor"] = self.monitor.fields()
         for i, targets in self.grippers.items():
             if i != 0:
                 out |= {target_field(i, f): getattr(targets, f) for f in TARGET_FIELDS}

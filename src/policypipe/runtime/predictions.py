@@ -25,6 +25,12 @@ under `/robot{i}`, as recording format 2 names its streams):
   /policy/executed   foxglove.PosesInFrame  the first n_action_steps of them, the ones a robot runs
   /policy/width      JSON PredictedWidth    the chunk's times, widths, executed flags and seed
 
+and, where the policy has a monitor (`policypipe.monitor`), once per chunk:
+
+  /policy/monitor    JSON MonitorReading    novelty, inconsistency, score (alarm above 1), alarm:
+                                            plot them in Foxglove beside the frames to find the
+                                            moments of a recording outside the training data
+
 Chunk i is sampled with seed `seed + i`. The bytes are a function of the recording, the policy,
 the seed and the schedule: no wall-clock time, no path, fixed writer options (the same machine and
 torch threads give the same floats; another CPU may differ in the last bits).
@@ -64,6 +70,8 @@ EXECUTED_TOPIC = "/policy/executed"
 WIDTH_TOPIC = "/policy/width"
 FRAME_ID = "world"  # the recording's pose frame (recording-format.md)
 WIDTH_SCHEMA = "policypipe.PredictedWidth"
+MONITOR_TOPIC = "/policy/monitor"
+MONITOR_SCHEMA = "policypipe.MonitorReading"
 METADATA_NAME = "policypipe.predict"
 # Fixed: the mcap package's version must not leak into the bytes.
 LIBRARY = "policypipe-predict/1"
@@ -115,6 +123,7 @@ class PredictionSummary:
     every: int
     chunks: int = 0
     observation_ns: list[int] = field(default_factory=list)  # t of each chunk written, in order
+    alarms_s: list[float] = field(default_factory=list)  # the monitor's alarms, seconds from the first chunk
     skipped: Counter[str] = field(default_factory=Counter)
     first_refusal: str | None = None
     warnings: list[str] = field(default_factory=list)
@@ -125,6 +134,12 @@ class PredictionSummary:
             f"{self.chunks} chunks, one every {self.every} frames, over {span:.1f} s of "
             f"{self.recording.name} ({self.frames} camera frames) -> {self.output}"
         ]
+        if self.alarms_s:
+            lines.append(
+                f"the monitor alarmed at {len(self.alarms_s)} chunk"
+                + "s" * (len(self.alarms_s) != 1)
+                + f", first {self.alarms_s[0]:.1f} s in ({MONITOR_TOPIC})"
+            )
         if self.before_start:
             lines.append(f"{_frames(self.before_start)} before the first pose and width samples: not fed")
         for reason, count in sorted(self.skipped.items()):
@@ -181,7 +196,7 @@ def _predict(
     summary.warnings.extend(feed.warnings)
 
     buffer = io.BytesIO()
-    out = PredictionWriter(buffer, spec.grippers)
+    out = PredictionWriter(buffer, spec.grippers, monitor=runner.monitor is not None)
     out.metadata(
         {
             "recording": recording.name,
@@ -250,6 +265,8 @@ def _chunk(
     out.chunk(chunk, seed)
     summary.chunks += 1
     summary.observation_ns.append(t)
+    if chunk.monitor is not None and chunk.monitor.alarm:
+        summary.alarms_s.append((t - summary.observation_ns[0]) / 1e9)
     return True
 
 
@@ -481,6 +498,25 @@ class _SortedSamples:
 # ---------------------------------------------------------------- output
 
 
+def _monitor_schema() -> bytes:
+    number = {"type": ["number", "null"]}
+    schema = {
+        "title": MONITOR_SCHEMA,
+        "description": "The runtime monitor's reading of the chunk computed at timestamp_ns",
+        "type": "object",
+        "properties": {
+            "timestamp_ns": {"type": "integer", "description": "t, the observation's capture time"},
+            "novelty": number
+            | {"description": "distance of the observation's embedding to the training data"},
+            "inconsistency": number | {"description": "departure from the previous chunk (null: the first)"},
+            "score": number | {"description": "the persistent combined score over its threshold"},
+            "alarm": {"type": "boolean", "description": "score above 1, from the persist-th chunk on"},
+        },
+        "required": ["timestamp_ns", "novelty", "inconsistency", "score", "alarm"],
+    }
+    return json.dumps(schema, separators=(",", ":"), sort_keys=True).encode()
+
+
 def _json_schema() -> bytes:
     schema = {
         "title": WIDTH_SCHEMA,
@@ -506,7 +542,7 @@ def gripper_topic(gripper: int, topic: str) -> str:
 class PredictionWriter:
     """The predictions MCAP: fixed writer options and registration order, so fixed bytes."""
 
-    def __init__(self, stream: io.BytesIO, grippers: tuple[int, ...] = (0,)) -> None:
+    def __init__(self, stream: io.BytesIO, grippers: tuple[int, ...] = (0,), monitor: bool = False) -> None:
         self.writer = Writer(
             stream,
             chunk_size=CHUNK_SIZE,
@@ -533,6 +569,9 @@ class PredictionWriter:
             ):
                 name = gripper_topic(i, topic)
                 self.channels[name] = self.writer.register_channel(name, encoding, schema)
+        if monitor:
+            schema = self.writer.register_schema(MONITOR_SCHEMA, "jsonschema", _monitor_schema())
+            self.channels[MONITOR_TOPIC] = self.writer.register_channel(MONITOR_TOPIC, "json", schema)
         self.sequence = 0
 
     def metadata(self, data: dict[str, str]) -> None:
@@ -561,6 +600,15 @@ class PredictionWriter:
                     data=data,
                     sequence=self.sequence,
                 )
+        if chunk.monitor is not None:
+            reading = {"timestamp_ns": t} | chunk.monitor.fields()
+            self.writer.add_message(
+                channel_id=self.channels[MONITOR_TOPIC],
+                log_time=t,
+                publish_time=t,
+                data=json.dumps(reading, separators=(",", ":")).encode(),
+                sequence=self.sequence,
+            )
         self.sequence += 1  # the chunk's number, the same on all its messages
 
     def finish(self) -> None:

@@ -15,7 +15,7 @@ training episodes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ from scipy.spatial.transform import Rotation
 from policypipe.dataset.episode import PoseInterpolator, interpolate_width, nearest_sample, resize_frame
 from policypipe.dataset.image_codec import decode_jpeg, encode_jpeg
 from policypipe.dataset.windows import gripper_features, rot6d_to_matrix
+from policypipe.monitor.scores import Calibration, Monitor
 from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.policy.export import load_policy
 from policypipe.runtime.chunk import ActionChunk, GripperTargets
@@ -147,7 +148,13 @@ class FrameRunner:
 class PolicyRunner(FrameRunner):
     """A gripper-pose policy's runner (the module's docstring)."""
 
-    def __init__(self, policy: DiffusionPolicy, spec: RuntimeSpec, seed: int = 0) -> None:
+    def __init__(
+        self,
+        policy: DiffusionPolicy,
+        spec: RuntimeSpec,
+        seed: int = 0,
+        calibration: Calibration | None = None,
+    ) -> None:
         if spec.joint_space:
             raise ValueError(
                 f"a joint-space policy ({len(spec.joint_names)} joints): this runner, and the policy server "
@@ -158,12 +165,15 @@ class PolicyRunner(FrameRunner):
         self.action_offsets_ns = np.array(
             [round((k + 1) * NS / spec.frequency_hz) for k in range(spec.horizon)], dtype=np.int64
         )
+        # The runtime monitor (`policypipe.monitor`), where the policy folder has a calibration.
+        self.monitor = Monitor(calibration, policy.normalize_actions) if calibration is not None else None
 
     @classmethod
     def load(cls, folder: Path, seed: int = 0) -> PolicyRunner:
-        """The exported policy in `folder` (`data/policy`), checked against its manifest."""
+        """The exported policy in `folder` (`data/policy`), checked against its manifest, with its
+        monitor's calibration where it has one."""
         spec = RuntimeSpec.read(folder)  # first: an older export lacks it, and says to retrain
-        return cls(load_policy(folder), spec, seed)
+        return cls(load_policy(folder), spec, seed, Calibration.read(folder))
 
     def act(
         self,
@@ -180,8 +190,14 @@ class PolicyRunner(FrameRunner):
         start of an episode."""
         batch, t, anchors = self.prepare(observation, episode_start_ns)
         generator = self.generator if seed is None else torch.Generator().manual_seed(seed)
-        relative = self.policy.predict_action(batch, generator)[0].double().numpy()  # (H, 10 G)
-        return self.compose(relative, t, anchors, now_ns)
+        with torch.no_grad():
+            condition = self.policy.condition(batch)
+        relative = self.policy.predict_action(batch, generator, condition)[0].double().numpy()  # (H, 10 G)
+        chunk = self.compose(relative, t, anchors, now_ns)
+        if self.monitor is None:
+            return chunk
+        reading = self.monitor.read(condition.numpy(), chunk, episode_start_ns)
+        return replace(chunk, monitor=reading)
 
     def prepare(
         self, observation: Observation, episode_start_ns: int | None = None

@@ -39,6 +39,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from policypipe.monitor.reading import MonitorReading
 from policypipe.runtime.chunk import TARGET_FIELDS, ActionChunk, GripperTargets, target_field
 from policypipe.runtime.observation import Observation, is_field_name
 
@@ -501,6 +502,12 @@ def chunk_from_message(message: Any) -> ServedChunk:
     except KeyError as exc:
         raise RequestError(BAD_REQUEST, f"the server's reply lacks {exc.args[0]}") from None
     timing = message.get("server_timing") or {}
+    try:  # a server whose policy has a monitor sends its reading; an older one does not
+        monitor = MonitorReading.from_fields(message["monitor"]) if "monitor" in message else None
+    except (ValueError, TypeError) as exc:
+        raise RequestError(
+            BAD_REQUEST, f"the server's reply has a malformed monitor reading: {exc}"
+        ) from None
     return ServedChunk(
         observation_ns=message["observation_ns"],
         time_ns=message["time_ns"],
@@ -508,6 +515,7 @@ def chunk_from_message(message: Any) -> ServedChunk:
         execute=message["execute"],
         past=message["past"],
         relative=message["relative"],
+        monitor=monitor,
         infer_ms=float(timing.get("infer_ms", math.nan)),
     )
 
