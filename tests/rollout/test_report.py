@@ -31,12 +31,24 @@ def test_the_summary_counts_outcomes_and_times_only_successes() -> None:
     assert summary([result(0, "closed_on_nothing"), result(1, "timed_out")])["grasp_rate"] == 0.5
     assert s["seeds"] == {"success": [0, 2], "dropped": [1]}
     assert summary([result(0, "timed_out")])["time_to_success_s"] is None
-    assert s["missed_closes"] == {"count": 0, "median_margin_mm": None}
+    assert s["missed_closes"] == {
+        "count": 0,
+        "median_margin_mm": None,
+        "median_margin_deg": None,
+        "failed": None,
+    }
     missed = result(3, "closed_on_nothing")
-    missed.missed_closes.extend([{"depth_m": -0.05, "across_m": 0.01}, {"depth_m": -0.07, "across_m": 0.03}])
+    missed.missed_closes.extend(
+        [
+            {"depth_m": -0.05, "across_m": 0.01, "square_deg": 4.0},
+            {"depth_m": 0.01, "across_m": 0.03, "square_deg": -10.0},
+        ]
+    )
     assert summary([missed])["missed_closes"] == {
         "count": 2,
-        "median_margin_mm": {"depth": -60.0, "across": 20.0},
+        "median_margin_mm": {"depth": -20.0, "across": 20.0},
+        "median_margin_deg": {"square": -3.0},
+        "failed": {"depth_m": 1, "across_m": 0, "square_deg": 1},
     }
 
 

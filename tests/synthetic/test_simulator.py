@@ -3,6 +3,9 @@ releases and placements are judged by the rules written in `synthetic/simulator.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
@@ -12,6 +15,7 @@ from policypipe.synthetic.scene import FINGER_TIP_Z_M, GRIP_SQUEEZE_M
 from policypipe.synthetic.simulator import (
     NS,
     PLACE_RADIUS_M,
+    SQUARE_MAX_DEG,
     SimConfig,
     Simulator,
     start_state,
@@ -167,3 +171,41 @@ def test_the_table_stops_the_fingers() -> None:
     tips = sim.state.position + r @ [0.0, 0.0, FINGER_TIP_Z_M]
     assert tips[2] == pytest.approx(0.0, abs=1e-12)
     assert np.allclose(sim.state.position[:2], below[:2])
+
+
+@pytest.mark.parametrize("turn_deg", [-25.0, 12.0, 25.0])
+def test_closing_fingers_square_a_block_turned_within_the_limit_and_the_demonstration_still_succeeds(
+    turn_deg: float,
+) -> None:
+    """The block turned on the table by up to SQUARE_MAX_DEG: the fingers meet it turned, turn it
+    square about its centre, read its narrow side as the demonstrations do, and the rest of the
+    demonstration places it on the mark."""
+    p = plan(0)
+    t, position, quaternion, width = targets(p)
+    turned = dataclasses.replace(
+        p, scene=dataclasses.replace(p.scene, target_yaw=p.scene.target_yaw + math.radians(turn_deg))
+    )
+    sim = Simulator(turned.scene, start_state(turned.scene, t[0], position[0], quaternion[0], width[0]))
+    for i in range(1, len(t)):
+        sim.step(t[i], position[i], quaternion[i], width[i])
+        if sim.state.held:
+            break
+    heading = math.atan2(*Rotation.from_quat(sim.state.quaternion).as_matrix()[[1, 0], 0])
+    off_square = (sim.state.block_yaw - heading + math.pi / 2) % math.pi - math.pi / 2
+    assert off_square == pytest.approx(0.0, abs=1e-9)
+    assert sim.state.width == pytest.approx(p.scene.target_size[0] - GRIP_SQUEEZE_M)
+    assert simulate(turned, t, position, quaternion, width).outcome() == "success"
+
+
+@pytest.mark.parametrize("turn_deg", [SQUARE_MAX_DEG + 5.0, -40.0])
+def test_closing_on_a_block_turned_beyond_the_limit_grips_nothing_and_says_why(turn_deg: float) -> None:
+    p = plan(0)
+    t, position, quaternion, width = targets(p)
+    turned = dataclasses.replace(
+        p, scene=dataclasses.replace(p.scene, target_yaw=p.scene.target_yaw + math.radians(turn_deg))
+    )
+    sim = simulate(turned, t, position, quaternion, width)
+    assert sim.outcome() == "closed_on_nothing" and sim.grasps == 0
+    (missed,) = sim.missed_closes
+    assert missed["square_deg"] == pytest.approx(SQUARE_MAX_DEG - abs(turn_deg), abs=1.0)
+    assert min(v for k, v in missed.items() if k != "square_deg") >= 0  # only the turn failed

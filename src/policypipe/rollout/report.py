@@ -101,16 +101,26 @@ def summary(results: list[EpisodeResult]) -> dict[str, Any]:
         "grasp_rate": sum(all(o not in UNGRASPED for o in own) for own in per_gripper) / n,
         "time_to_success_s": {"mean": float(np.mean(times)), "max": float(np.max(times))} if times else None,
         "seeds": {o: [r.seed for r in results if r.outcome == o] for o in OUTCOMES if outcomes[o]},
-        # Why the closes that gripped nothing missed: each grip condition's median margin (mm; a
-        # condition failed where it is negative), over every such close (`Simulator.missed_closes`).
+        # Why the closes that gripped nothing missed: each grip condition's median margin (mm, and
+        # degrees for the turn; a condition failed where it is negative), over every such close
+        # (`Simulator.missed_closes`), and how many closes failed each.
         "missed_closes": {
             "count": len(missed),
             "median_margin_mm": {
                 k.removesuffix("_m"): round(1000 * float(np.median([m[k] for m in missed])), 1)
                 for k in missed[0]
+                if k.endswith("_m")
             }
             if missed
             else None,
+            "median_margin_deg": {
+                k.removesuffix("_deg"): round(float(np.median([m[k] for m in missed])), 1)
+                for k in missed[0]
+                if k.endswith("_deg")
+            }
+            if missed
+            else None,
+            "failed": {k: sum(m[k] < 0 for m in missed) for k in missed[0]} if missed else None,
         },
     }
     if results and results[0].gripper_outcomes:

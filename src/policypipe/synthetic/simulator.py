@@ -18,15 +18,23 @@ falls below that extent. The block is gripped if, at that moment, it lies betwee
   slides there across the table, as on a parallel gripper);
 - along (tool x): the block's extent overlaps a finger plate;
 - along the approach (tool z): the fingers reach at least GRIP_MIN_DEPTH_M down the block's sides,
-  and the fingertips are above the table (they cannot pass through it).
-Then the fingers stop on the block (their opening reads its extent less GRIP_SQUEEZE_M, the
-compliant pads' give, as the demonstrations read it), the block
-is centred between them and keeps its pose relative to them. Closing anywhere else grips
-nothing (counted). Opening past the block's extent releases it: it falls straight down and comes
-to rest on the table where it is, with its yaw; released with its bottom more than DROP_HEIGHT_M
-above the table it fell (a failure), and off the table it is lost. Collisions are not simulated:
-the fingers pass through the block; only the table stops them (a target below its top leaves
-the fingertips on it).
+  and the fingertips are above the table (they cannot pass through it);
+- square (about the approach axis): its sides within SQUARE_MAX_DEG of square to the fingers (the
+  narrow side across them). Closing parallel fingers turn such a block square about its centre as
+  they meet it (a squeeze, as on a real parallel gripper: the block's extent across the fingers is
+  smallest square, and closing fingers push it down that slope); turned further, the pads meet it
+  on two corners, stall there and slip off as they close: nothing is gripped. The limit is a
+  modelling assumption, not a measurement of a real pad (docs/rollout.md, "The simulator"): 30
+  degrees, where the demonstrations close within 1 degree of square and a person's hand arrives
+  10-40 degrees turned and corrects before closing.
+Then the fingers stop on the block, square: their opening reads its narrow side less
+GRIP_SQUEEZE_M (the compliant pads' give, as the demonstrations read it), the block is centred
+between them and keeps its pose relative to them. Closing anywhere else grips nothing (counted).
+Once the command has reached the block's narrow side, opening past it releases it: it falls
+straight down and comes to rest on the table where it is, with its yaw; released with its bottom
+more than DROP_HEIGHT_M above the table it fell (a failure), and off the table it is lost.
+Collisions are not simulated: the fingers pass through the block; only the table stops them (a
+target below its top leaves the fingertips on it).
 
 Success: the block released, resting on the table, its centre within PLACE_RADIUS_M of the place
 mark's centre, before the time limit. PLACE_RADIUS_M is 20 mm: over 3,000 of the generator's
@@ -50,6 +58,7 @@ GRIP_SLACK_M = 0.002
 GRIP_MIN_DEPTH_M = 0.008
 DROP_HEIGHT_M = 0.010
 PLACE_RADIUS_M = 0.020
+SQUARE_MAX_DEG = 30.0  # closing fingers square a block turned at most this far (the module's docstring)
 
 # What ends an episode, and how (`Simulator.outcome`).
 OUTCOMES = (
@@ -93,7 +102,10 @@ class SimState:
 class _Grip:
     centre_in_tool: np.ndarray  # (3,) the block's centre in the tool frame
     yaw_in_tool: float  # the block's yaw less the tool's heading
-    opening: float  # the block's extent across the fingers
+    opening: float  # the block's extent across the fingers (square: its narrow side)
+    # Whether the command has reached the block since the grip: a block squared as the fingers met it
+    # is narrower than where they met it, and only an opening after they reached it releases it.
+    reached: bool = False
 
 
 @dataclass
@@ -135,7 +147,8 @@ class Simulator:
         s = self.state
         r_world_tool = Rotation.from_quat(s.quaternion).as_matrix()
         if self._grip is not None:
-            if commanded > self._grip.opening:
+            self._grip.reached |= commanded <= self._grip.opening
+            if commanded > self._grip.opening and self._grip.reached:
                 self._release(commanded)
                 return
             # Held: the fingers stay on the block, which moves with them.
@@ -152,10 +165,14 @@ class Simulator:
                 self.grasps += 1
                 centre_in_tool = r_world_tool.T @ (s.block_centre - s.position)
                 centre_in_tool[1] = 0.0  # pushed to the middle of the fingers
-                self._grip = _Grip(centre_in_tool, s.block_yaw - _heading(r_world_tool), extent)
+                _, angle = self._block_in_tool(r_world_tool)
+                squared = angle - _off_square(angle)  # turned square about its centre
+                narrow = self.scene.target_size[0]
+                self._grip = _Grip(centre_in_tool, squared, narrow, reached=commanded <= narrow)
                 s.held = True
-                s.width = extent - GRIP_SQUEEZE_M
+                s.width = narrow - GRIP_SQUEEZE_M
                 s.block_centre = s.position + r_world_tool @ centre_in_tool
+                s.block_yaw = _heading(r_world_tool) + squared
                 return
             self.closes_on_nothing += 1
             self.missed_closes.append(self._close_geometry(r_world_tool, extent, self._widest))
@@ -185,7 +202,7 @@ class Simulator:
 
     def _close_geometry(self, r_world_tool: np.ndarray, extent: float, opening: float) -> dict[str, float]:
         """The block against the fingers as they close: the margins of each grip condition (a
-        condition holds where its margin is >= 0), in metres."""
+        condition holds where its margin is >= 0), in metres, and in degrees for the turn."""
         narrow, long, height = self.scene.target_size
         centre, angle = self._block_in_tool(r_world_tool)
         along = abs(math.cos(angle)) * long + abs(math.sin(angle)) * narrow  # its extent along tool x
@@ -197,6 +214,7 @@ class Simulator:
             "along_m": along / 2.0 + FINGER_HALF_DEPTH_M - abs(centre[0]),
             "depth_m": depth - GRIP_MIN_DEPTH_M,
             "tips_above_table_m": tips_z + 1e-4,
+            "square_deg": SQUARE_MAX_DEG - abs(math.degrees(_off_square(angle))),
         }
 
     def _between_fingers(self, r_world_tool: np.ndarray, extent: float, opening: float) -> bool:
@@ -218,6 +236,12 @@ class Simulator:
         if self.grasps:
             return "timed_out"
         return "closed_on_nothing" if self.closes_on_nothing else "never_closed_on_block"
+
+
+def _off_square(angle: float) -> float:
+    """How far (rad, signed) a block whose long side is `angle` from tool x is turned from square to
+    the fingers (its narrow side across them: angle 0 or pi), in [-pi/2, pi/2)."""
+    return (angle + math.pi / 2.0) % math.pi - math.pi / 2.0
 
 
 def _heading(r_world_tool: np.ndarray) -> float:
