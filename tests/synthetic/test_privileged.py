@@ -153,6 +153,8 @@ def test_the_rollout_hands_the_runner_the_state_training_computes_for_the_same_m
         )
         # The simulator steps between the demonstration's 30 Hz targets, the plan is continuous; a held
         # block stays where the fingers closed on it in the simulator, the plan's is carried at the
-        # TCP itself (3.4 mm apart here): the same to within a few millimetres.
-        np.testing.assert_allclose(observation.scene_state[after], expected, atol=4e-3)
+        # TCP itself (3.4 mm apart here), and the closing fingers turned it square where the plan
+        # keeps the demonstrator's half a degree off square: the same to within a few millimetres
+        # and a degree.
+        np.testing.assert_allclose(observation.scene_state[after], expected, atol=1e-2)
     assert len(seen) > 20
