@@ -1,4 +1,5 @@
-"""The serving benchmark of `make bench` runs: it broke once unseen when the runtime spec changed."""
+"""The runtime benchmarks of `make bench` run: the serving one broke once unseen when the runtime
+spec changed."""
 
 from __future__ import annotations
 
@@ -6,12 +7,18 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO_ROOT
 
+SERVE = ("act in process", "act through the server", "added by the server", "served / in process")
+MONITOR = ("act without the monitor", "act with the monitor", "with / without, p50", "reading / act, p50")
 
-def test_make_bench_serve_measures_the_server_against_the_runner_in_process(tmp_path) -> None:
+
+@pytest.mark.parametrize(("bench", "lines"), [("bench_serve", SERVE), ("bench_monitor", MONITOR)])
+def test_make_bench_measures_the_runtime_against_the_runner_in_process(bench, lines, tmp_path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "tests.benchmarks.bench_serve", "--calls", "2", "--threads", "1"],
+        [sys.executable, "-m", f"tests.benchmarks.{bench}", "--calls", "2", "--threads", "1"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -19,5 +26,5 @@ def test_make_bench_serve_measures_the_server_against_the_runner_in_process(tmp_
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    for line in ("act in process", "act through the server", "added by the server", "served / in process"):
+    for line in lines:
         assert line in done.stdout

@@ -4,30 +4,20 @@ a policy saved as the train stage saves it) and the runner that reads it."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-import zarr
 
-from policypipe.atomic import write_json_atomic
-from policypipe.dataset.convert import convert_dataset
-from policypipe.dataset.convert_config import ConvertConfig
-from policypipe.dataset.stats import StatsConfig, compute_statistics
-from policypipe.lineage.hashing import sha256_file
+from policypipe.dataset.stats import StatsConfig
 from policypipe.monitor.calibration import MonitorConfig, calibrate, episode_readings
 from policypipe.monitor.scores import MONITOR_JSON, MONITOR_TENSORS, Calibration
-from policypipe.policy.diffusion import DiffusionPolicy
-from policypipe.policy.export import load_policy, save_policy
-from policypipe.recordings.pairing import PairConfig, pair_export
+from policypipe.policy.export import load_policy
 from policypipe.rollout.report import wilson_interval
 from policypipe.runtime.observation import Observation
 from policypipe.runtime.runner import PolicyRunner
-from policypipe.runtime.spec import RuntimeSpec, spec_of_training
-from policypipe.synthetic.export import SampleConfig, write_sample_export
+from policypipe.runtime.spec import RuntimeSpec
 from tests.monitor.conftest import CONFIG
-from tests.runtime.test_runner import POLICY, WINDOW, good_observation
+from tests.runtime.test_runner import Pipeline, good_observation, tiny_pipeline
 
 
 def test_the_calibration_is_in_the_policy_folder_and_its_manifest_and_byte_identical_on_a_rerun(
@@ -133,35 +123,16 @@ def test_a_policy_without_a_calibration_serves_chunks_without_a_reading(pipeline
 
 
 @pytest.fixture(scope="module")
-def ten_recordings(tmp_path_factory) -> tuple[Path, dict, Path]:
+def ten_recordings(tmp_path_factory) -> Pipeline:
     """Ten sample recordings through convert and stats, and an untrained policy (its embedding is
     what the monitor reads, learned or not)."""
-    root = tmp_path_factory.mktemp("ten")
-    export = write_sample_export(root / "raw", SampleConfig(recordings=10, seed=11, defects=False)).root
-    write_json_atomic(root / "manifest.json", pair_export(export, PairConfig()).manifest())
-    convert_dataset(
-        root / "manifest.json",
-        export,
-        root / "ds.zarr",
-        root / "cache",
-        ConvertConfig(image_size=POLICY.image_size),
-    )
-    dataset = zarr.open_group(root / "ds.zarr", mode="r")
-    stats = compute_statistics(dataset, WINDOW, StatsConfig())
-    stats["dataset_fingerprint"] = {"sha256": "e" * 64}
-    write_json_atomic(root / "stats.json", stats)
-    torch.manual_seed(0)
-    policy = DiffusionPolicy(POLICY)
-    policy.fit_normalizers(stats)
-    spec = spec_of_training(dict(dataset.attrs), stats, sha256_file(root / "stats.json"))
-    save_policy(root / "policy", policy, {}, spec.to_json())
-    return root / "ds.zarr", stats, root / "policy"
+    return tiny_pipeline(tmp_path_factory.mktemp("ten"), 10, 11, StatsConfig())
 
 
 def test_held_out_nominal_chunks_alarm_at_about_the_calibrated_rate(ten_recordings) -> None:
     """Calibrated on three episodes (the bank from four others), read on three more (nominal too,
     never seen): the share of alarmed chunks is within the binomial interval of the stated rate."""
-    store, _, folder = ten_recordings
+    store, folder = ten_recordings.store, ten_recordings.policy
     split = {"train": [0, 1, 2, 3], "val": [4, 5, 6]}
     policy, spec = load_policy(folder), RuntimeSpec.read(folder)
     config = MonitorConfig(false_alarm_rate=0.1, neighbours=3, bank_size=512, persist=1)

@@ -50,15 +50,22 @@ class Pipeline:
 def pipeline(tmp_path_factory) -> Pipeline:
     """Three sample recordings through convert and stats, and an untrained policy (the runner's
     arithmetic does not depend on what the weights learned) saved as the train stage saves it."""
-    root = tmp_path_factory.mktemp("runtime")
-    export = write_sample_export(root / "raw", SampleConfig(recordings=3, seed=5, defects=False)).root
+    return tiny_pipeline(tmp_path_factory.mktemp("runtime"), 3, 5, StatsConfig(val_fraction=0.34))
+
+
+def tiny_pipeline(root: Path, recordings: int, seed: int, stats_config: StatsConfig) -> Pipeline:
+    """`recordings` sample recordings (the generator's `seed`) through pair, convert and stats, and an
+    untrained policy saved as the train stage saves it, in `root`."""
+    export = write_sample_export(
+        root / "raw", SampleConfig(recordings=recordings, seed=seed, defects=False)
+    ).root
     result = pair_export(export, PairConfig())
     write_json_atomic(root / "manifest.json", result.manifest())
     convert_dataset(
         root / "manifest.json", export, root / "ds.zarr", root / "cache", ConvertConfig(image_size=IMAGE_SIZE)
     )
     dataset = zarr.open_group(root / "ds.zarr", mode="r")
-    stats = compute_statistics(dataset, WINDOW, StatsConfig(val_fraction=0.34))
+    stats = compute_statistics(dataset, WINDOW, stats_config)
     stats["dataset_fingerprint"] = {"sha256": "d" * 64}
     write_json_atomic(root / "stats.json", stats)
     torch.manual_seed(0)
