@@ -37,7 +37,9 @@ def main() -> None:
         plain, watched = PolicyRunner.load(folder), PolicyRunner.load(folder)
     dim = watched.policy.condition(_batch(watched)).shape[1]
     bank = EmbeddingBank.of(np.random.default_rng(0).normal(size=(config.bank_size, dim)), config.neighbours)
-    calibration = Calibration(bank, 1.0, 1.0, 1.0, config.persist, config.false_alarm_rate)
+    calibration = Calibration(
+        bank, 1.0, 1.0, 1.0, config.persist, config.false_alarm_rate, config.alarm_scores
+    )
     watched.monitor = Monitor(calibration, watched.policy.normalize_actions)
     period = round(NS / watched.spec.frequency_hz) * watched.spec.n_action_steps
     rng = np.random.default_rng(1)

@@ -12,7 +12,7 @@ from scipy.spatial.transform import Rotation
 
 from policypipe.monitor.calibration import MonitorConfig, conformal_quantile
 from policypipe.monitor.reading import MonitorReading
-from policypipe.monitor.scores import Calibration, EmbeddingBank, Monitor, chunk_inconsistency
+from policypipe.monitor.scores import Calibration, EmbeddingBank, Monitor, chunk_inconsistency, combined_score
 from policypipe.rollout.report import wilson_interval
 from policypipe.runtime.chunk import ActionChunk, GripperTargets
 from policypipe.runtime.runner import GripperAnchor
@@ -174,3 +174,12 @@ def test_a_reading_goes_over_the_wire_and_back_with_nan_as_null() -> None:
     assert back.novelty == 0.5 and math.isnan(back.inconsistency) and back.alarm
     with pytest.raises(ValueError, match="novelty, inconsistency, score and alarm"):
         MonitorReading.from_fields({"novelty": 1.0})
+
+
+def test_the_alarm_combines_only_the_scores_it_names() -> None:
+    both = _calibration(persist=1)
+    novelty_only = dataclasses.replace(both, alarm_scores=("novelty",))
+    assert combined_score(0.5, 3.0, both) == 3.0 and combined_score(0.5, 3.0, novelty_only) == 0.5
+    assert combined_score(0.5, math.nan, both) == 0.5  # an undefined inconsistency counts 0
+    with pytest.raises(ValueError, match="novelty, inconsistency or both"):
+        MonitorConfig(alarm_scores=())

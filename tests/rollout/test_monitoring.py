@@ -17,7 +17,7 @@ from policypipe.rollout.report import RolloutStageConfig, alarmed_frames, report
 # Novelty counts from 1.5, inconsistency from 1.0, two chunks in a row; the longest validation
 # recording 10 s.
 CALIBRATION = Calibration(
-    EmbeddingBank.of(np.eye(4), 1), 1.5, 1.0, 1.0, 2, 0.01, {"validation_longest_s": 10.0}
+    EmbeddingBank.of(np.eye(4), 1), 1.5, 1.0, 1.0, 2, 0.01, details={"validation_longest_s": 10.0}
 )
 
 
@@ -48,7 +48,7 @@ def test_detection_lead_time_false_alarms_and_auroc_are_counted_per_episode_and_
     ]
     replayed = [episode(s, "success", 9.0) for s in range(5)]
     figures = assess(policy, replayed, CALIBRATION)
-    combined = figures["combined"]
+    combined = figures["alarm"]
     assert combined["detected_failures"]["count"] == 2 and combined["detected_failures"]["of"] == 3
     assert combined["lead_time_s"] == {"median": 3.0, "min": 2.0}
     assert combined["false_alarms_successes"]["count"] == 1 and combined["false_alarms_successes"]["of"] == 2
@@ -76,7 +76,7 @@ def test_a_score_alone_alarms_when_it_stays_above_its_quantile_for_persist_chunk
         for t, (n, i) in enumerate([(2.0, np.nan), (0.1, 5.0), (2.0, 5.0), (2.0, 0.1)])
     )
     times = alarm_times(readings, CALIBRATION)
-    assert times["novelty"] == 3.0 and times["inconsistency"] == 2.0 and times["combined"] is None
+    assert times["novelty"] == 3.0 and times["inconsistency"] == 2.0 and times["alarm"] is None
 
 
 def test_auroc_counts_ties_as_half_and_needs_both_kinds() -> None:

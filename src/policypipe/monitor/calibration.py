@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -51,6 +51,8 @@ class MonitorConfig:
     neighbours: int = 5  # k of the novelty's k nearest training embeddings
     bank_size: int = 4096  # training embeddings kept, at most
     persist: int = 2  # chunks in a row above the threshold before the alarm
+    # The scores the alarm combines (each is computed and reported either way).
+    alarm_scores: tuple[Literal["novelty", "inconsistency"], ...] = ("novelty",)
     seed: int = 0  # the calibration chunks' sampling noise
 
     def __post_init__(self) -> None:
@@ -60,6 +62,11 @@ class MonitorConfig:
             raise ValueError(
                 "monitor.neighbours and persist must be >= 1, bank_size larger than neighbours; got "
                 f"{self.neighbours}, {self.persist}, {self.bank_size}"
+            )
+        if not self.alarm_scores or len(set(self.alarm_scores)) != len(self.alarm_scores):
+            raise ValueError(
+                "monitor.alarm_scores must name novelty, inconsistency or both, once each; got "
+                f"{list(self.alarm_scores)}"
             )
 
 
@@ -122,6 +129,7 @@ def calibrate(
         1.0,
         config.persist,
         alpha,
+        tuple(config.alarm_scores),
     )
     persistent = np.concatenate([persistent_scores(n, i, provisional) for n, i in scores])
     threshold = conformal_quantile(persistent, alpha, "the persistent combined score")
@@ -144,6 +152,7 @@ def calibrate(
         threshold,
         config.persist,
         alpha,
+        tuple(config.alarm_scores),
         details,
     )
 

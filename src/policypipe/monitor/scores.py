@@ -11,10 +11,11 @@
   their shared steps, each from its own start, normalised as the policy normalises its actions, the
   root mean square of the difference (`chunk_inconsistency`). Undefined (NaN) for an episode's first
   chunk.
-- **score**: max(novelty / q_novelty, inconsistency / q_inconsistency), each score in units of its
-  own calibration quantile, then the minimum over the last `persist` chunks (an alarm needs both
-  a high score and its persistence), divided by the calibrated threshold: the alarm is score > 1,
-  from the `persist`-th chunk of an episode on.
+- **score**: the largest of the alarm's scores (`Calibration.alarm_scores`; the demo's: novelty
+  alone, chosen on the rollout's choice scenes, docs/rollout.md), each in units of its own
+  calibration quantile, then the minimum over the last `persist` chunks (an alarm needs both a high
+  score and its persistence), divided by the calibrated threshold: the alarm is score > 1, from the
+  `persist`-th chunk of an episode on. Both scores are computed and reported either way.
 
 No randomness: the chunk the runner returns is the same with and without a monitor.
 """
@@ -40,6 +41,7 @@ from policypipe.runtime.chunk import ActionChunk
 MONITOR_TENSORS = "monitor.safetensors"
 MONITOR_JSON = "monitor.json"
 MONITOR_FORMAT = 1
+SCORES = ("novelty", "inconsistency")  # what the monitor reads of every chunk
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class Calibration:
     threshold: float  # of the persistent combined score, likewise
     persist: int  # chunks in a row above the threshold before the alarm
     false_alarm_rate: float  # alpha, per chunk of nominal data
+    alarm_scores: tuple[str, ...] = SCORES  # the scores the alarm combines
     details: dict[str, Any] = field(default_factory=dict)  # what it was calibrated on, for people
 
     def files(self) -> dict[str, Any]:
@@ -108,6 +111,7 @@ class Calibration:
             "threshold": self.threshold,
             "persist": self.persist,
             "false_alarm_rate": self.false_alarm_rate,
+            "alarm_scores": list(self.alarm_scores),
             "details": self.details,
         }
         text = (json.dumps(scalars, indent=1, sort_keys=True) + "\n").encode()
@@ -140,16 +144,21 @@ class Calibration:
             float(scalars["threshold"]),
             int(scalars["persist"]),
             float(scalars["false_alarm_rate"]),
+            tuple(scalars["alarm_scores"]),
             scalars.get("details", {}),
         )
 
 
 def combined_score(novelty: float, inconsistency: float, calibration: Calibration) -> float:
-    """Each score in units of its calibration quantile, the larger (an undefined one counts 0)."""
-    ratios = [novelty / calibration.novelty_quantile]
-    if not math.isnan(inconsistency):
-        ratios.append(inconsistency / calibration.inconsistency_quantile)
-    return max(ratios)
+    """The alarm's scores each in units of its calibration quantile, the larger (an undefined one
+    counts 0)."""
+    ratios = {
+        "novelty": novelty / calibration.novelty_quantile,
+        "inconsistency": 0.0
+        if math.isnan(inconsistency)
+        else inconsistency / calibration.inconsistency_quantile,
+    }
+    return max(ratios[name] for name in calibration.alarm_scores)
 
 
 def chunk_inconsistency(previous: ActionChunk | None, chunk: ActionChunk, normalize) -> float:

@@ -13,11 +13,11 @@ should raise few alarms. Per configuration:
   and failed episodes from the demonstration's replays (where the policy seldom succeeds, the
   nominal episodes to tell its failures from).
 
-Each figure for the combined alarm (the runner's), for each score alone (the same persistence
-against its own calibration quantile) and for a trivial monitor, the time since the start, whose
-alarm comes once an episode runs longer than the longest validation recording
-(`Calibration.details`). A longer episode has more chunks to raise a maximum with, and a failure by
-time-out runs longest: the trivial monitor is the bar the scores must clear.
+Each figure for the runner's alarm (`alarm`: its calibration's `alarm_scores`), for each score
+alone (the same persistence against its own calibration quantile) and for a trivial monitor, the
+time since the start, whose alarm comes once an episode runs longer than the longest validation
+recording (`Calibration.details`). A longer episode has more chunks to raise a maximum with, and a
+failure by time-out runs longest: the trivial monitor is the bar the scores must clear.
 
 Wilson intervals for the shares (`report.wilson_interval`).
 """
@@ -71,12 +71,12 @@ def episode_maximum(readings, score: str) -> float:
 
 
 def alarm_times(readings, calibration) -> dict[str, float | None]:
-    """Each monitor's first alarm in an episode (seconds from its start; None: never): the combined
-    one as the runner raised it; each score alone with the same persistence against its own
-    calibration quantile; the trivial one once the episode has run longer than the longest
-    validation recording."""
+    """Each monitor's first alarm in an episode (seconds from its start; None: never): `alarm`, the
+    runner's own (its calibration's `alarm_scores`); each score alone with the same persistence
+    against its own calibration quantile; the trivial one once the episode has run longer than the
+    longest validation recording."""
     times = [t for t, _ in readings]
-    out: dict[str, float | None] = {"combined": first_alarm_s(readings)}
+    out: dict[str, float | None] = {"alarm": first_alarm_s(readings)}
     p = calibration.persist
     for score, quantile in (
         ("novelty", calibration.novelty_quantile),
@@ -90,9 +90,9 @@ def alarm_times(readings, calibration) -> dict[str, float | None]:
     return out
 
 
-MONITORS = ("combined", "novelty", "inconsistency", "time_since_start")
+MONITORS = ("alarm", "novelty", "inconsistency", "time_since_start")
 # What each monitor's AUROC ranks an episode by: the largest value of its score over the episode.
-RANKED_BY = {"combined": "score", "novelty": "novelty", "inconsistency": "inconsistency"}
+RANKED_BY = {"alarm": "score", "novelty": "novelty", "inconsistency": "inconsistency"}
 
 
 def assess(policy, replayed, calibration) -> dict[str, Any] | None:
