@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from policypipe.atomic import canonical_json
 from policypipe.rollout.episode import EpisodeResult
 from policypipe.rollout.report import RolloutStageConfig, summary, video_seeds, wilson_interval
 
@@ -38,10 +39,10 @@ def test_the_summary_counts_outcomes_and_times_only_successes() -> None:
         "failed": None,
     }
     missed = result(3, "closed_on_nothing")
-    missed.missed_closes.extend(
+    missed.missed_closes.extend(  # NumPy scalars, as the simulator's margins are
         [
-            {"depth_m": -0.05, "across_m": 0.01, "square_deg": 4.0},
-            {"depth_m": 0.01, "across_m": 0.03, "square_deg": -10.0},
+            {"depth_m": np.float64(-0.05), "across_m": np.float64(0.01), "square_deg": np.float64(4.0)},
+            {"depth_m": np.float64(0.01), "across_m": np.float64(0.03), "square_deg": np.float64(-10.0)},
         ]
     )
     assert summary([missed])["missed_closes"] == {
@@ -50,6 +51,7 @@ def test_the_summary_counts_outcomes_and_times_only_successes() -> None:
         "median_margin_deg": {"square": -3.0},
         "failed": {"depth_m": 1, "across_m": 0, "square_deg": 1},
     }
+    canonical_json(summary([missed]))  # metrics/rollout.json: plain JSON numbers only
 
 
 def test_videos_alternate_failures_and_successes_by_seed() -> None:

@@ -120,7 +120,7 @@ def summary(results: list[EpisodeResult]) -> dict[str, Any]:
             }
             if missed
             else None,
-            "failed": {k: sum(m[k] < 0 for m in missed) for k in missed[0]} if missed else None,
+            "failed": {k: int(sum(m[k] < 0 for m in missed)) for k in missed[0]} if missed else None,
         },
     }
     if results and results[0].gripper_outcomes:
