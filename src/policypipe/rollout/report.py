@@ -332,11 +332,11 @@ def contact_sheet(results: list[EpisodeResult], path: Path, columns: int = 10) -
 def report(
     results: dict[str, list[EpisodeResult]],
     stage: RolloutStageConfig,
-    longest_validation_s: float | None = None,
+    calibration=None,
 ) -> dict[str, Any]:
     """metrics/rollout.json: one summary a controller, the policy's first; what the scenes were; the
-    monitor's figures where the policy has one (`monitoring.assess`; `longest_validation_s`: its
-    calibration's, for the trivial monitor)."""
+    monitor's figures where the policy has one (`monitoring.assess`; `calibration`: the policy's,
+    `monitor.scores.Calibration`)."""
     first = stage.first_seed
     rig = bool(results["policy"] and results["policy"][0].gripper_outcomes)
     rule = (
@@ -352,9 +352,5 @@ def report(
             "max_speed_m_s": stage.max_speed_m_s,
         }
         | {c: summary(results[c]) for c in CONTROLLERS}
-        | {
-            "monitor": assess(
-                results["policy"], results.get("demonstration_replay", []), longest_validation_s
-            )
-        }
+        | {"monitor": assess(results["policy"], results.get("demonstration_replay", []), calibration)}
     )
