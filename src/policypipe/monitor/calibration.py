@@ -118,8 +118,7 @@ def calibrate(
     policy = policy.eval()
     window = WindowConfig(spec.n_obs_steps, spec.horizon, spec.n_action_steps)
     bank, stride = training_bank(policy, store, list(split["train"]), window, config)
-    runner = _runner(policy, spec)
-    episodes = episode_chunks(policy, runner, store, list(split["val"]), config.seed)
+    episodes = episode_chunks(_runner(policy, spec), store, list(split["val"]), config.seed)
     scores = [raw_scores(episode, bank, policy) for episode in episodes]
     alpha = config.false_alarm_rate
     provisional = Calibration(
@@ -203,9 +202,8 @@ def episode_readings(
     """The monitor's readings along each of `episodes` at the runner's schedule, as the runner's
     monitor reads them (what a calibration promises, checked on other episodes)."""
     policy = policy.eval()
-    runner = _runner(policy, spec)
     out = []
-    for episode in episode_chunks(policy, runner, store, episodes, seed):
+    for episode in episode_chunks(_runner(policy, spec), store, episodes, seed):
         monitor = Monitor(calibration, policy.normalize_actions)
         out.append(
             [
@@ -222,14 +220,13 @@ def _runner(policy: DiffusionPolicy, spec: RuntimeSpec):
     return PolicyRunner(policy, spec)
 
 
-def episode_chunks(
-    policy: DiffusionPolicy, runner, store: Path, episodes: list[int], seed: int
-) -> list[EpisodeChunks]:
+def episode_chunks(runner, store: Path, episodes: list[int], seed: int) -> list[EpisodeChunks]:
     """Each episode's chunks at the runner's schedule: one every n_action_steps frames from its first
-    anchor, sampled in batches with one seeded generator, composed onto the recorded poses."""
+    anchor, sampled by the runner's policy in batches with one seeded generator, composed onto the
+    recorded poses."""
     from policypipe.runtime.runner import GripperAnchor
 
-    spec = runner.spec
+    policy, spec = runner.policy, runner.spec
     window = WindowConfig(spec.n_obs_steps, spec.horizon, spec.n_action_steps)
     data = WindowDataset(store, episodes, window)
     root = zarr.open_group(store, mode="r")

@@ -106,20 +106,8 @@ def summary(results: list[EpisodeResult]) -> dict[str, Any]:
         # (`Simulator.missed_closes`), and how many closes failed each.
         "missed_closes": {
             "count": len(missed),
-            "median_margin_mm": {
-                k.removesuffix("_m"): round(1000 * float(np.median([m[k] for m in missed])), 1)
-                for k in missed[0]
-                if k.endswith("_m")
-            }
-            if missed
-            else None,
-            "median_margin_deg": {
-                k.removesuffix("_deg"): round(float(np.median([m[k] for m in missed])), 1)
-                for k in missed[0]
-                if k.endswith("_deg")
-            }
-            if missed
-            else None,
+            "median_margin_mm": _median_margins(missed, "_m", 1000.0),
+            "median_margin_deg": _median_margins(missed, "_deg", 1.0),
             "failed": {k: int(sum(m[k] < 0 for m in missed)) for k in missed[0]} if missed else None,
         },
     }
@@ -135,6 +123,18 @@ def summary(results: list[EpisodeResult]) -> dict[str, Any]:
                 "grasp_rate": sum(own[o] for o in OUTCOMES if o not in UNGRASPED) / n,
             }
     return out
+
+
+def _median_margins(missed: list[dict[str, float]], suffix: str, scale: float) -> dict[str, float] | None:
+    """The median of each margin named with `suffix` over the missed closes, times `scale`, rounded
+    to 0.1 (None without a missed close)."""
+    if not missed:
+        return None
+    return {
+        k.removesuffix(suffix): round(scale * float(np.median([m[k] for m in missed])), 1)
+        for k in missed[0]
+        if k.endswith(suffix)
+    }
 
 
 _worker: dict[str, Any] = {}
