@@ -21,6 +21,7 @@ def _sample(args: argparse.Namespace) -> int:
         defects=args.defects,
         task=args.task,
         recovery=args.recovery,
+        hand=args.hand,
         grippers=args.grippers,
         scene_camera=args.scene_camera,
     )
@@ -456,6 +457,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FRACTION",
         help="this fraction of the recordings stray off the plain path and correct back "
         "(recovery demonstrations; default: 0)",
+    )
+    p.add_argument(
+        "--hand",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="this fraction of the recordings are a person's hand: grasps off the block's centre along "
+        "the fingers, and half arrive above the block turned or off and correct (default: 0)",
     )
     p.add_argument(
         "--grippers",

@@ -83,6 +83,10 @@ class SampleConfig:
     # path and corrects back (`motion.plan_motion`; docs/rollout.md, "Recovery demonstrations").
     # Which ones is drawn per recording from the seed; 0 writes exactly the plain export.
     recovery: float = 0.0
+    # The fraction of recordings made by a person's hand (`motion.PersonsHand`; docs/sample-data.md):
+    # grasps off the block's centre along the fingers, and half of them arrive above the block turned
+    # or off and correct before descending. Drawn per recording from the seed; 0: the plain export.
+    hand: float = 0.0
     # A rig (recording format 2, `rig`): this many grippers side by side, each with its wrist camera,
     # and with `scene_camera` a fixed camera over the table. The second recording of a rig export
     # lacks the scene camera (a camera unplugged for one take). 1 and False: the demo's format 1.
@@ -96,13 +100,14 @@ class SampleConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.grippers, int) or not 1 <= self.grippers <= 4:
             raise ValueError(f"grippers={self.grippers!r}: use 1 to 4 grippers")
-        if self.rig and (self.camera != "image" or self.recovery):
+        if self.rig and (self.camera != "image" or self.recovery or self.hand):
             raise ValueError(
                 "a rig export (grippers > 1 or scene_camera) writes JPEG images and plain demonstrations: "
-                "leave camera at 'image' and recovery at 0"
+                "leave camera at 'image', recovery and hand at 0"
             )
-        if not isinstance(self.recovery, (int, float)) or not 0.0 <= self.recovery <= 1.0:
-            raise ValueError(f"recovery={self.recovery!r}: use a fraction of the recordings from 0 to 1")
+        for name, fraction in (("recovery", self.recovery), ("hand", self.hand)):
+            if not isinstance(fraction, (int, float)) or not 0.0 <= fraction <= 1.0:
+                raise ValueError(f"{name}={fraction!r}: use a fraction of the recordings from 0 to 1")
         if not isinstance(self.recordings, int) or not 1 <= self.recordings <= 10_000:
             raise ValueError(
                 f"recordings={self.recordings!r}: set recordings to a whole number from 1 to 10000"
@@ -211,7 +216,7 @@ def _run_job(tmp_root: str, job: _Job) -> _JobResult:
         )
         duration_s = (rec.rig.end_ns - rec.rig.start_ns) / 1e9
     else:
-        plan = draws.single_plan(cfg.recovery)
+        plan = draws.single_plan(cfg.recovery, cfg.hand)
         timing = random_timing(np.random.default_rng(draws.timing))
         rec = simulate_recording(
             plan, timing, np.random.default_rng(draws.sim), camera=cfg.camera, image_size=image_size

@@ -153,6 +153,7 @@ def plan_motion(
     start_ns: int,
     duration_s: float | None = None,
     recovery_rng: np.random.Generator | None = None,
+    hand_rng: np.random.Generator | None = None,
 ) -> MotionPlan:
     """A pick-and-place demonstration with a random scene: start behind the block, approach
     above it while turning the fingers across it, descend, close, lift, carry to the place
@@ -162,7 +163,13 @@ def plan_motion(
     With `recovery_rng`, the demonstrator strays and corrects (a recovery demonstration): the
     approach ends off target, the descent stops short and beside the block, the carry ends beside
     the mark, and each time the hand moves back to where the plain demonstration goes (the
-    offsets: `_strayed`). The scene, and every draw from `rng`, are those of the plain plan."""
+    offsets: `_strayed`).
+
+    With `hand_rng`, a person's hand (`PersonsHand`): it grasps the block off its centre along the
+    fingers, carries it so that the block's centre (not the TCP) comes over the mark, and the held
+    block's frames show it where it was grasped; and it may arrive above the block turned and off,
+    then correct before descending. The scene, and every draw from `rng`, are those of the plain
+    plan."""
     if duration_s is not None and not (2.0 <= duration_s <= 600.0):
         raise ValueError(f"duration_s={duration_s}: use a duration between 2 and 600 seconds")
 
@@ -185,6 +192,13 @@ def plan_motion(
     grasp_yaw = _equivalent_yaw(start_yaw, target_yaw)
     place_yaw = grasp_yaw + float(rng.uniform(-0.5, 0.5))
 
+    hand = PersonsHand.draw(hand_rng) if hand_rng is not None else None
+    # Grasped `along_m` from the block's centre along the fingers (tool x), the TCP is that far from
+    # the block's centre at the grasp, and again at the place to bring the block's centre over the mark.
+    along_m = hand.along_m if hand is not None else 0.0
+    grasp_along = along_m * np.array([math.cos(grasp_yaw), math.sin(grasp_yaw)])
+    place_along = along_m * np.array([math.cos(place_yaw), math.sin(place_yaw)])
+
     start = np.array(
         [
             *(target_xy - rng.uniform(0.12, 0.22) * forward + rng.uniform(-0.06, 0.06) * left),
@@ -192,10 +206,14 @@ def plan_motion(
         ]
     )
     grasp_z = size[2] / 2.0
-    above = np.array([*(target_xy + rng.normal(0.0, 0.003, 2)), size[2] + rng.uniform(0.08, 0.12)])
+    above = np.array(
+        [*(target_xy + rng.normal(0.0, 0.003, 2) + grasp_along), size[2] + rng.uniform(0.08, 0.12)]
+    )
     grasp = np.array([above[0], above[1], grasp_z + 0.003])
     lifted = np.array([grasp[0], grasp[1], rng.uniform(0.12, 0.16)])
-    over_place = np.array([*(place_xy + rng.normal(0.0, 0.004, 2)), lifted[2] + rng.uniform(-0.02, 0.02)])
+    over_place = np.array(
+        [*(place_xy + rng.normal(0.0, 0.004, 2) + place_along), lifted[2] + rng.uniform(-0.02, 0.02)]
+    )
     placed = np.array([over_place[0], over_place[1], grasp_z + 0.005])
     retreat = placed + np.array([*(-rng.uniform(0.0, 0.05) * forward), rng.uniform(0.08, 0.12)])
 
@@ -223,6 +241,15 @@ def plan_motion(
     attach_knot, release_knot = 4, 8
     if recovery_rng is not None:
         phases, attach_knot, release_knot = _strayed(recovery_rng, phases)
+    elif hand is not None and hand.arrives_astray:
+        # The approach ends turned and off above the block; the hand corrects, then descends.
+        duration, above_block, yaw, width = phases[1]
+        arrival = np.array([*(above_block[:2] + hand.arrival_off_m), above_block[2]])
+        phases[1:2] = [
+            (duration, arrival, yaw + hand.arrival_turn_rad, width),
+            (hand.correct_s, above_block, yaw, width),
+        ]
+        attach_knot, release_knot = attach_knot + 1, release_knot + 1
     durations = np.array([p[0] for p in phases])
     if duration_s is not None:
         durations *= duration_s / durations.sum()
@@ -243,7 +270,7 @@ def plan_motion(
         table_bgr=TABLE_PALETTE_BGR[int(rng.integers(len(TABLE_PALETTE_BGR)))],
         texture_seed=int(rng.integers(2**31)),
     )
-    return MotionPlan(
+    plan = MotionPlan(
         start_ns=int(start_ns),
         end_ns=int(start_ns) + int(round(float(knot_s[-1]) * 1e9)),
         knot_s=knot_s,
@@ -258,6 +285,59 @@ def plan_motion(
         release_s=float(knot_s[release_knot]),
         scene=scene,
     )
+    if hand is None:
+        return plan  # the plain plans hold the block at the TCP, as before
+    return replace(plan, grip_offset_tool=_grip_offset(plan))
+
+
+@dataclass(frozen=True)
+class PersonsHand:
+    """How a person's hand departs from the plain demonstrator, drawn per recording (`draw`)."""
+
+    along_m: float  # the grasp's distance from the block's centre along the fingers (tool x)
+    arrives_astray: bool  # whether the approach ends turned and off above the block, then corrects
+    arrival_turn_rad: float  # how far the fingers are turned from the grasp yaw on arrival
+    arrival_off_m: np.ndarray  # (2,) where the hand arrives beside the spot above the block
+    correct_s: float  # how long the correction takes
+
+    # A person centres a grasp by eye: within 12 mm of the block's centre along its 50-70 mm long side
+    # (the finger plates span 16 mm, so the block still fills them). Half the recordings arrive astray,
+    # a third of those turned only, a third off only, a third both: turned 10-40 degrees either way,
+    # off 1-2 cm in any direction.
+    ALONG_MAX_M = 0.012
+    ASTRAY_FRACTION = 0.5
+    TURN_DEG = (10.0, 40.0)
+    OFF_M = (0.01, 0.02)
+    CORRECT_S = (0.5, 0.9)
+
+    @classmethod
+    def draw(cls, rng: np.random.Generator) -> PersonsHand:
+        along_m = float(rng.uniform(-cls.ALONG_MAX_M, cls.ALONG_MAX_M))
+        arrives_astray = bool(rng.random() < cls.ASTRAY_FRACTION)
+        kind = int(rng.integers(3))  # 0: turned, 1: off, 2: both
+        turn = float(np.radians(rng.uniform(*cls.TURN_DEG))) * float(rng.choice([-1.0, 1.0]))
+        direction = float(rng.uniform(-math.pi, math.pi))
+        off = float(rng.uniform(*cls.OFF_M)) * np.array([math.cos(direction), math.sin(direction)])
+        return cls(
+            along_m=along_m,
+            arrives_astray=arrives_astray,
+            arrival_turn_rad=turn if kind != 1 else 0.0,
+            arrival_off_m=off if kind != 0 else np.zeros(2),
+            correct_s=float(rng.uniform(*cls.CORRECT_S)),
+        )
+
+
+def _grip_offset(plan: MotionPlan) -> np.ndarray:
+    """Where the block's centre sits in the tool frame once the fingers closed on it: where it lay on
+    the table, seen from the TCP at the close, pushed to the middle between the fingers (tool y 0), as
+    the simulator's closing fingers push it."""
+    t_attach = np.array([plan.start_ns + int(round(plan.attach_s * 1e9))], dtype=np.int64)
+    position, quaternion = plan.pose_at(t_attach)
+    size = plan.scene.target_size
+    on_table = np.array([*plan.scene.target_xy, size[2] / 2.0])
+    offset = Rotation.from_quat(quaternion[0]).inv().apply(on_table - position[0])
+    offset[1] = 0.0
+    return np.round(offset, 7)
 
 
 def _draw_wobble(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

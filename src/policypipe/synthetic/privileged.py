@@ -62,10 +62,12 @@ def scene_state(
     return np.concatenate([block, np.cos(2 * angle)[:, None], np.sin(2 * angle)[:, None], mark], axis=1)
 
 
-def dataset_scene_state(store: Path, *, seed: int, recordings: int, recovery: float) -> np.ndarray:
+def dataset_scene_state(
+    store: Path, *, seed: int, recordings: int, recovery: float, hand: float = 0.0
+) -> np.ndarray:
     """(N, SCENE_STATE_DIM) float32, one row per dataset row: the state at the row's frame, from the
-    ground truth of the one-gripper sample export of `recordings` recordings with `seed` and
-    `recovery` (`policypipe sample`'s settings), seen from the row's gripper pose (as the runner sees
+    ground truth of the one-gripper sample export of `recordings` recordings with `seed`, `recovery`
+    and `hand` (`policypipe sample`'s settings), seen from the row's gripper pose (as the runner sees
     it at a frame). Refuses a dataset that is not of that export."""
     root = zarr.open_group(store, mode="r")
     if layout.is_joint_space(root.attrs) or list(root.attrs[layout.ATTRS_GRIPPERS]) != [0]:
@@ -81,7 +83,7 @@ def dataset_scene_state(store: Path, *, seed: int, recordings: int, recovery: fl
     for record, start, stop in zip(root.attrs[layout.ATTRS_EPISODES], [0, *ends[:-1]], ends):
         stem = record["stem"]
         try:
-            plan = recording_plan(stem, seed=seed, recordings=recordings, recovery=recovery)
+            plan = recording_plan(stem, seed=seed, recordings=recordings, recovery=recovery, hand=hand)
         except ValueError as exc:
             raise ValueError(f"{store}: episode {record['folder']}/{stem}: {exc}") from None
         t_ns = int(record["start_ns"]) + np.round(timestamp[start:stop] * 1e9).astype(np.int64)
@@ -90,7 +92,7 @@ def dataset_scene_state(store: Path, *, seed: int, recordings: int, recovery: fl
         if off > MATCH_TOLERANCE_M:
             raise ValueError(
                 f"{store}: episode {record['folder']}/{stem} is not recording {stem} of the sample export "
-                f"with seed {seed}, {recordings} recordings and recovery {recovery} "
+                f"with seed {seed}, {recordings} recordings, recovery {recovery} and hand {hand} "
                 f"(its poses are up to {off * 1000:.1f} mm from that recording's): set the export's "
                 "settings it was written with"
             )
@@ -126,7 +128,7 @@ def privileged_training(
     if export is None:
         raise ValueError("train.privileged is null: the policy sees through its cameras")
     features = dataset_scene_state(
-        store, seed=export.seed, recordings=export.recordings, recovery=export.recovery
+        store, seed=export.seed, recordings=export.recordings, recovery=export.recovery, hand=export.hand
     )
     entry = scene_state_statistics(features, store, stats["split"]["train"])
     stats = {**stats, "lowdim": {**stats["lowdim"], "obs.scene_state": entry}}

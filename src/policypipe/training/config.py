@@ -29,6 +29,7 @@ class PrivilegedExport:
     seed: int = 0
     recordings: int = 96
     recovery: float = 0.0
+    hand: float = 0.0
 
 
 @dataclass(frozen=True)
