@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from scipy.spatial.transform import Rotation
 
 from policypipe.synthetic import export as sample_export
 from policypipe.synthetic.export import DEFECT_NAMES, SampleConfig, write_sample_export
-from policypipe.synthetic.motion import plan_motion
+from policypipe.synthetic.ground_truth import RecordingDraws
+from policypipe.synthetic.motion import PersonsHand, plan_motion
 from policypipe.synthetic.recording import (
     StreamTiming,
     random_timing,
@@ -133,6 +135,8 @@ def export(tmp_path_factory) -> sample_export.SampleExport:
         ({"image_width": 95}, "image_width"),
         ({"image_height": 32}, "image_height"),
         ({"recovery": 1.5}, "recovery"),
+        ({"hand": -0.1}, "hand"),
+        ({"hand": 0.5, "grippers": 2}, "hand"),
     ],
 )
 def test_config_that_cannot_work_is_refused_with_what_to_change(change: dict, mentions: str) -> None:
@@ -596,3 +600,68 @@ def test_recovery_demonstrations_change_only_the_recordings_that_stray(tmp_path:
     for stem in set(plain.good_stems) - set(strayed):
         (a,), (b,) = (list(e.root.rglob(f"{stem}_vio.mcap")) for e in (plain, mixed))
         assert a.read_bytes() == b.read_bytes()
+
+
+# --- a person's hand -------------------------------------------------------------------------
+
+
+def test_a_persons_hand_grasps_off_centre_arrives_astray_and_corrects_in_the_same_scene() -> None:
+    astray = 0
+    for seed in range(12):
+        plain = plan_motion(np.random.default_rng(seed), START_NS)
+        hand = PersonsHand.draw(np.random.default_rng([5, seed]))
+        person = plan_motion(np.random.default_rng(seed), START_NS, hand_rng=np.random.default_rng([5, seed]))
+        assert np.array_equal(plain.scene.target_xy, person.scene.target_xy)
+        assert plain.scene.texture_seed == person.scene.texture_seed
+        # The fingers close square (within a degree, as the plain plans') at `along_m` from the
+        # block's centre along them, and the held block's frames show it there, not at the TCP.
+        grasp = np.array([person.events_ns["grasp"]])
+        (tcp,), _ = person.pose_at(grasp)
+        heading = person._heading(person._seconds(grasp))[0]
+        off_square = (person.scene.target_yaw - heading + math.pi / 2) % math.pi - math.pi / 2
+        assert abs(math.degrees(off_square)) < 1.2
+        # The plan grasps `along_m` along the fingers from where the plain plan grasps (which is
+        # within millimetres of the block's centre).
+        grasp_knot = 4 if hand.arrives_astray else 3
+        np.testing.assert_allclose(
+            person.knot_position[grasp_knot] - plain.knot_position[3],
+            [hand.along_m * math.cos(heading), hand.along_m * math.sin(heading), 0.0],
+            atol=2e-4,
+        )
+        assert abs(hand.along_m) <= PersonsHand.ALONG_MAX_M
+        along = np.dot(tcp[:2] - person.scene.target_xy, [math.cos(heading), math.sin(heading)])
+        assert person.grip_offset_tool[0] == pytest.approx(-along, abs=0.002)
+        assert person.grip_offset_tool[1] == 0.0
+        held = np.array([(person.events_ns["grasp"] + person.events_ns["release"]) // 2])
+        (centre,), _ = person.target_at(held)
+        (tcp_held,), (quat_held,) = person.pose_at(held)
+        np.testing.assert_allclose(
+            centre, tcp_held + Rotation.from_quat(quat_held).apply(person.grip_offset_tool), atol=1e-6
+        )
+        if hand.arrives_astray:
+            # The approach ends turned and off, the next knot is the plain plan's spot above the block.
+            astray += 1
+            turn = math.degrees(abs(person.knot_yaw[2] - person.knot_yaw[3]))
+            off = np.linalg.norm(person.knot_position[2, :2] - person.knot_position[3, :2])
+            assert turn == 0.0 or 10.0 <= turn <= 40.0
+            assert off == 0.0 or 0.01 <= off <= 0.02
+            assert turn > 0.0 or off > 0.0
+            assert len(person.knot_s) == len(plain.knot_s) + 1
+        else:
+            assert len(person.knot_s) == len(plain.knot_s)
+    assert 3 <= astray <= 9  # about half
+
+
+def test_persons_hand_recordings_change_only_the_recordings_drawn_for_it(tmp_path: Path) -> None:
+    config = SampleConfig(recordings=6, defects=False, **SMALL)
+    plain = write_sample_export(tmp_path / "plain", config)
+    mixed = write_sample_export(tmp_path / "mixed", SampleConfig(**{**config.__dict__, "hand": 0.5}))
+    changed = [
+        stem
+        for stem in plain.good_stems
+        if next(plain.root.rglob(f"{stem}_vio.mcap")).read_bytes()
+        != next(mixed.root.rglob(f"{stem}_vio.mcap")).read_bytes()
+    ]
+    assert 1 <= len(changed) <= 5  # drawn per recording (seed 0: the first four)
+    drawn = [stem for stem in plain.good_stems if RecordingDraws.of(config.seed, int(stem[4:]) - 1).hand.random() < 0.5]
+    assert changed == drawn
