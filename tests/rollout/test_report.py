@@ -52,6 +52,24 @@ def test_the_summary_counts_outcomes_and_times_only_successes() -> None:
         "failed": {"depth_m": 1, "across_m": 0, "square_deg": 1},
     }
     canonical_json(summary([missed]))  # metrics/rollout.json: plain JSON numbers only
+    assert s["drops"] == {
+        "count": 0,
+        "over_the_mark": 0,
+        "before_the_mark": 0,
+        "median_height_mm": None,
+        "median_from_mark_mm": None,
+    }
+    high, early, placed = result(4, "dropped"), result(5, "dropped"), result(6, "success")
+    high.releases.append({"height_m": 0.03, "from_mark_m": 0.005, "dropped": True})
+    early.releases.append({"height_m": 0.09, "from_mark_m": 0.12, "dropped": True})
+    placed.releases.append({"height_m": 0.004, "from_mark_m": 0.006, "dropped": False})
+    assert summary([high, early, placed])["drops"] == {
+        "count": 2,
+        "over_the_mark": 1,
+        "before_the_mark": 1,
+        "median_height_mm": 60.0,
+        "median_from_mark_mm": 62.5,
+    }
 
 
 def test_videos_alternate_failures_and_successes_by_seed() -> None:

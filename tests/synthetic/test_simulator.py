@@ -123,7 +123,13 @@ def test_a_block_released_in_the_air_is_dropped() -> None:
     release_ns = p.events_ns["release"]
     lifted = position.copy()
     lifted[t > release_ns - int(1.5 * NS), 2] += 0.05  # never lowered: opened 5 cm up
-    assert simulate(p, t, lifted, quaternion, width).outcome() == "dropped"
+    sim = simulate(p, t, lifted, quaternion, width)
+    assert sim.outcome() == "dropped"
+    # Where it was let go says why: over the mark, about 5 cm higher than the demonstration sets it down.
+    assert sim.released_at["dropped"] and sim.released_at["from_mark_m"] < PLACE_RADIUS_M
+    assert 0.045 < sim.released_at["height_m"] < 0.06
+    placed = simulate(p, t, position, quaternion, width).released_at
+    assert not placed["dropped"] and placed["height_m"] < 0.008
 
 
 def test_the_pads_hold_while_the_opening_stays_below_the_blocks_width() -> None:
@@ -139,7 +145,9 @@ def test_the_pads_hold_while_the_opening_stays_below_the_blocks_width() -> None:
     sim = simulate(p, t, position, quaternion, loose)
     assert sim.outcome() == "success"
     loose[lift] = narrow + 0.001
-    assert simulate(p, t, position, quaternion, loose).outcome() == "dropped"
+    dropped = simulate(p, t, position, quaternion, loose)
+    assert dropped.outcome() == "dropped"
+    assert dropped.released_at["from_mark_m"] > PLACE_RADIUS_M  # opened in the carry, before the mark
     sim = simulate(p, t[: np.argmax(lift)], position, quaternion, width)
     assert sim.state.held and sim.state.width == pytest.approx(narrow - GRIP_SQUEEZE_M, abs=1e-3)
 

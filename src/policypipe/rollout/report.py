@@ -30,7 +30,7 @@ from policypipe.rollout.references import (
     nearest_demonstration,
 )
 from policypipe.rollout.rig import PerGripper, rig_rollout_scene, run_rig_episode
-from policypipe.synthetic.simulator import OUTCOMES, SimConfig
+from policypipe.synthetic.simulator import OUTCOMES, PLACE_RADIUS_M, SimConfig
 
 # Outcomes of episodes that never held the block: the rest gripped it at least once.
 UNGRASPED = ("never_closed_on_block", "closed_on_nothing")
@@ -110,6 +110,7 @@ def summary(results: list[EpisodeResult]) -> dict[str, Any]:
             "median_margin_deg": _median_margins(missed, "_deg", 1.0),
             "failed": {k: int(sum(m[k] < 0 for m in missed)) for k in missed[0]} if missed else None,
         },
+        "drops": _drops([d for r in results for d in r.releases if d["dropped"]]),
     }
     if results and results[0].gripper_outcomes:
         out["per_gripper"] = {}
@@ -123,6 +124,22 @@ def summary(results: list[EpisodeResult]) -> dict[str, Any]:
                 "grasp_rate": sum(own[o] for o in OUTCOMES if o not in UNGRASPED) / n,
             }
     return out
+
+
+def _drops(drops: list[dict[str, float | bool]]) -> dict[str, Any]:
+    """Where the dropped blocks were let go: how many over the mark (within PLACE_RADIUS_M of it: set
+    down too high) and how many before it (opened in the carry), with the medians of the height
+    and the distance from the mark in mm (None without a drop)."""
+    over = [d["from_mark_m"] <= PLACE_RADIUS_M for d in drops]
+    return {
+        "count": len(drops),
+        "over_the_mark": int(sum(over)),
+        "before_the_mark": int(len(drops) - sum(over)),
+        "median_height_mm": round(1000.0 * float(np.median([d["height_m"] for d in drops])), 1) if drops else None,
+        "median_from_mark_mm": round(1000.0 * float(np.median([d["from_mark_m"] for d in drops])), 1)
+        if drops
+        else None,
+    }
 
 
 def _median_margins(missed: list[dict[str, float]], suffix: str, scale: float) -> dict[str, float] | None:

@@ -120,6 +120,10 @@ class Simulator:
     release: str | None = None  # None until released: "resting" or "dropped"
     # Where the block was, in the tool frame, at each close that gripped nothing (a failure's why).
     missed_closes: list[dict[str, float]] = field(default_factory=list)
+    # Where the block was let go (`_release`): its bottom's height over the table and its centre's
+    # distance from the mark's, in metres, and whether it fell (a drop's why: opened in the carry, or
+    # over the mark but too high).
+    released_at: dict[str, float | bool] | None = None
     _grip: _Grip | None = None
     _closing: bool = False  # the opening is below the block's extent (a close in progress)
     _widest: float = 0.0  # the widest opening since the fingers last closed
@@ -186,6 +190,11 @@ class Simulator:
         bottom = s.block_centre[2] - self.scene.target_size[2] / 2.0
         on_table = bool(np.all(np.abs(s.block_centre[:2] - self.scene.table_center) <= TABLE_SIZE_M / 2.0))
         self.release = "resting" if on_table and bottom <= DROP_HEIGHT_M else "dropped"
+        self.released_at = {
+            "height_m": float(bottom),
+            "from_mark_m": self.distance_to_mark(),
+            "dropped": self.release == "dropped",
+        }
         if self.release == "resting":
             s.block_centre = np.array([s.block_centre[0], s.block_centre[1], self.scene.target_size[2] / 2.0])
 
