@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from policypipe.evaluation.errors import hierarchical_bootstrap, percentile_ci
-from policypipe.rollout.report import UNGRASPED, RolloutStageConfig, run_rollouts, wilson_interval
+from policypipe.rollout.report import UNGRASPED, RolloutStageConfig, run_rollouts, summary, wilson_interval
 from policypipe.synthetic.simulator import OUTCOMES
 
 
@@ -66,10 +66,14 @@ def main() -> None:
             won = np.array([r.outcome == "success" for r in episodes], dtype=np.float64)
             successes.append(won)
             low, high = wilson_interval(int(won.sum()), len(won))
+            why = summary(episodes)
             per_policy[policy] = {
                 "success_rate": float(won.mean()),
                 "wilson_ci95": [low, high],
                 "outcomes": {o: sum(r.outcome == o for r in episodes) for o in OUTCOMES},
+                # Why the failures failed, as the rollout stage reports them.
+                "missed_closes_failed": why["missed_closes"]["failed"],
+                "drops": why["drops"],
                 "seconds": round(time.monotonic() - started, 1),
             }
             print(
