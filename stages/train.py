@@ -23,7 +23,7 @@ from policypipe.dataset.events import require_events
 from policypipe.lineage.hashing import sha256_file, sha256_path
 from policypipe.lineage.provenance import StageRun
 from policypipe.live_metrics import TrainingLog
-from policypipe.monitor.calibration import MonitorConfig, calibrate
+from policypipe.monitor.calibration import MonitorConfig, TooFewCalibrationValues, calibrate
 from policypipe.policy.export import save_policy
 from policypipe.runtime.spec import spec_of_training
 from policypipe.synthetic.privileged import privileged_training
@@ -152,7 +152,7 @@ def main() -> None:
             try:
                 calibration = calibrate(policy.cpu(), spec, args.dataset, stats["split"], monitor_config)
                 lineage["monitor"] = asdict(monitor_config)
-            except ValueError as exc:  # too few validation chunks: the policy is exported without one
+            except TooFewCalibrationValues as exc:  # the policy is exported without a monitor
                 print(f"warning: the policy is exported without its runtime monitor: {exc}", file=sys.stderr)
                 lineage["monitor"] = {"not_calibrated": str(exc)}
         save_policy(

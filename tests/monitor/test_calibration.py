@@ -3,13 +3,14 @@ a policy saved as the train stage saves it) and the runner that reads it."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
 from policypipe.dataset.stats import StatsConfig
-from policypipe.monitor.calibration import MonitorConfig, calibrate, episode_readings
+from policypipe.monitor.calibration import MonitorConfig, TooFewCalibrationValues, calibrate, episode_readings
 from policypipe.monitor.scores import MONITOR_JSON, MONITOR_TENSORS, Calibration
 from policypipe.policy.export import load_policy
 from policypipe.rollout.report import wilson_interval
@@ -44,6 +45,21 @@ def test_the_calibration_is_in_the_policy_folder_and_its_manifest_and_byte_ident
         write(tmp_path / name)
         assert (tmp_path / name).read_bytes() == (monitored / name).read_bytes(), name
     assert Calibration.read(pipeline.policy) is None  # a policy exported without one
+
+
+def test_too_few_validation_chunks_for_the_rate_raise_what_the_train_stage_exports_without_a_monitor(
+    pipeline,
+) -> None:
+    # The train stage catches exactly this class (a warning, the policy exported without a monitor);
+    # any other error in the calibration fails the stage.
+    with pytest.raises(TooFewCalibrationValues, match="stats.val_fraction"):
+        calibrate(
+            load_policy(pipeline.policy),
+            RuntimeSpec.read(pipeline.policy),
+            pipeline.store,
+            pipeline.stats["split"],
+            dataclasses.replace(CONFIG, false_alarm_rate=0.0001),
+        )
 
 
 def test_the_runner_returns_the_same_chunk_with_a_reading_and_the_next_chunk_measures_inconsistency(

@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.spatial.transform import Rotation
 
-from policypipe.monitor.calibration import MonitorConfig, conformal_quantile
+from policypipe.monitor.calibration import MonitorConfig, TooFewCalibrationValues, conformal_quantile
 from policypipe.monitor.reading import MonitorReading
 from policypipe.monitor.scores import Calibration, EmbeddingBank, Monitor, chunk_inconsistency, combined_score
 from policypipe.rollout.report import wilson_interval
@@ -55,7 +55,7 @@ def test_the_conformal_threshold_holds_its_false_alarm_rate_on_new_nominal_value
 
 
 def test_too_few_calibration_values_for_the_rate_are_refused_saying_how_many() -> None:
-    with pytest.raises(ValueError, match="at least 99"):
+    with pytest.raises(TooFewCalibrationValues, match="at least 99"):
         conformal_quantile(np.arange(50.0), 0.01, "novelty")
     with pytest.raises(ValueError, match="false_alarm_rate must be in"):
         MonitorConfig(false_alarm_rate=0.0)

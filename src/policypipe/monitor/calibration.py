@@ -70,13 +70,18 @@ class MonitorConfig:
             )
 
 
+class TooFewCalibrationValues(ValueError):
+    """The validation episodes give too few chunks for the stated false-alarm rate (the train stage
+    then exports the policy without a monitor, saying so; any other error is a bug and fails it)."""
+
+
 def conformal_quantile(scores: np.ndarray, alpha: float, what: str) -> float:
     """The ceil((n + 1)(1 - alpha))-th smallest of the n `scores`; refused where n is too small for
     alpha (the quantile would be beyond the largest)."""
     scores = np.sort(np.asarray(scores, np.float64)[~np.isnan(scores)])
     rank = math.ceil((len(scores) + 1) * (1.0 - alpha))
     if rank > len(scores):
-        raise ValueError(
+        raise TooFewCalibrationValues(
             f"{len(scores)} calibration values of {what} cannot give a false-alarm rate of {alpha}: it needs "
             f"at least {math.ceil(1 / alpha) - 1}; raise monitor.false_alarm_rate or validate on more "
             "episodes (stats.val_fraction)"
