@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import zarr
@@ -138,6 +138,7 @@ def main() -> None:
         trained_with = {"dataset_fingerprint": fingerprint, "stats_sha256": stats_sha256}
         # What a robot-side runner needs besides the weights (policypipe.runtime).
         spec = spec_of_training(dict(zarr.open_group(args.dataset, mode="r").attrs), stats, stats_sha256)
+        spec = replace(spec, open_deadband_m=config.open_deadband_mm / 1000.0)
         policy, exported = result.policy, {}
         if config.export == "best":
             try:

@@ -75,6 +75,7 @@ def main() -> None:
     spec = spec_of_training(
         dict(zarr.open_group(args.dataset, mode="r").attrs), stats, sha256_file(args.stats)
     )
+    spec = replace(spec, open_deadband_m=config.open_deadband_mm / 1000.0)
     for seed in args.seeds:
         folder = args.out / f"seed{seed}"
         started = time.monotonic()

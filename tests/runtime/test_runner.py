@@ -4,6 +4,7 @@ statistics of `stats`, a policy saved as the train stage saves it, and eval's sa
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import cv2
@@ -213,6 +214,30 @@ def test_the_width_target_stays_within_the_training_openings(pipeline: Pipeline)
     anchor = {0: GripperAnchor(np.zeros(3), np.eye(3), hi)}
     chunk = runner.compose(np.tile([0, 0, 0, 1, 0, 0, 0, 1, 0, 0.5], (WINDOW.horizon, 1)), 0, anchor, None)
     assert (chunk.width == hi).all() and lo < hi
+
+
+def test_the_deadband_holds_a_small_opening_at_the_reading_and_passes_closing_and_real_openings(
+    pipeline: Pipeline, tmp_path
+) -> None:
+    plain = PolicyRunner.load(pipeline.policy)
+    spec = dataclasses.replace(plain.spec, open_deadband_m=0.010)
+    runner = PolicyRunner(plain.policy, spec)
+    reading = 0.030  # fingers closed on a block
+    anchor = {0: GripperAnchor(np.zeros(3), np.eye(3), reading)}
+    asked = np.array([-0.004, 0.0, 0.002, 0.0099, 0.010, 0.030, 0.004, -0.001])  # dw per step
+    relative = np.tile([0, 0, 0, 1, 0, 0, 0, 1, 0, 0.0], (WINDOW.horizon, 1))
+    relative[: len(asked), 9] = asked
+    width = runner.compose(relative, 0, anchor, None).width[: len(asked)]
+    np.testing.assert_allclose(width, reading + np.array([-0.004, 0, 0, 0, 0.010, 0.030, 0, -0.001]))
+    # Without a deadband (the default, and every spec written before it), the width as asked.
+    np.testing.assert_allclose(plain.compose(relative, 0, anchor, None).width[: len(asked)], reading + asked)
+    # The spec carries it to every runner of the exported policy (server, predictions, rollouts).
+    save_policy(tmp_path / "policy", plain.policy, {}, spec.to_json())
+    assert RuntimeSpec.read(tmp_path / "policy").open_deadband_m == 0.010
+    old = spec.to_json()
+    del old["open_deadband_m"]
+    (tmp_path / "policy" / "runtime.json").write_text(json.dumps(old))
+    assert RuntimeSpec.read(tmp_path / "policy").open_deadband_m == 0.0
 
 
 def nan_in_row(values: np.ndarray, row: int) -> np.ndarray:

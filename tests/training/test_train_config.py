@@ -228,3 +228,11 @@ def test_pretraining_the_encoder_needs_the_event_loss_and_freezing_it_needs_pret
         encoder_pretrain_steps=10, freeze_encoder=True, model=PolicyConfig(event_loss_weight=1.0)
     )
     assert replace(config, freeze_encoder=False).encoder_pretrain_steps == 10
+
+
+def test_a_negative_deadband_is_refused_and_the_params_value_reaches_the_config() -> None:
+    from policypipe.training.config import train_config_from_params
+
+    with pytest.raises(ValueError, match="open_deadband_mm must be >= 0"):
+        TrainConfig(open_deadband_mm=-1.0)
+    assert train_config_from_params(TRAIN | {"open_deadband_mm": 8.0}, POLICY).open_deadband_mm == 8.0

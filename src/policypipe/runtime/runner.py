@@ -10,7 +10,8 @@ each step its frame nearest camera 0's, absent beyond convert's max_camera_offse
 `convert` chose them. The policy samples a chunk of relative actions, which the runner composes
 onto each gripper's pose and width at t: step k is the target at t + (k + 1) / f, position
 p_t + R_t dp, rotation R_t GramSchmidt(r6), width w_t + dw clipped to the openings of the
-training episodes.
+training episodes; with the spec's `open_deadband_m`, a step whose dw opens by less than it holds
+w_t (a chunk's small error in the width does not let a held block fall; docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -276,10 +277,12 @@ class PolicyRunner(FrameRunner):
         for g, (i, anchor) in enumerate(anchors.items()):
             own = relative[:, 10 * g : 10 * (g + 1)]
             rotation = anchor.rotation @ rot6d_to_matrix(own[:, 3:9])
+            opening = own[:, 9]
+            held = (opening > 0.0) & (opening < spec.open_deadband_m)
             grippers[i] = GripperTargets(
                 position=anchor.position + own[:, :3] @ anchor.rotation.T,
                 quaternion=Rotation.from_matrix(rotation).as_quat(),
-                width=np.clip(anchor.width + own[:, 9], *spec.width_ranges_m[g]),
+                width=np.clip(anchor.width + np.where(held, 0.0, opening), *spec.width_ranges_m[g]),
             )
         time_ns = t + self.action_offsets_ns
         past = time_ns <= now_ns if now_ns is not None else np.zeros(spec.horizon, bool)

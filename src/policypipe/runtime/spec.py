@@ -35,7 +35,8 @@ CONVENTIONS = {
     "image": "RGB uint8, (height, width, 3), the camera's own resolution",
     "action": (
         "step k (0-based) is the target at t + (k + 1) / frequency_hz, t camera 0's latest frame's "
-        "capture time: per gripper, position p_t + R_t dp, rotation R_t GramSchmidt(r6), width w_t + dw"
+        "capture time: per gripper, position p_t + R_t dp, rotation R_t GramSchmidt(r6), width w_t + dw, "
+        "or w_t where 0 < dw < open_deadband_m"
     ),
     "cameras": (
         "camera 0 sets t and the observation steps; camera k >= 1 gives each step its frame nearest "
@@ -76,6 +77,9 @@ class RuntimeSpec:
     # commands' min and max.
     joint_names: tuple[str, ...] = ()
     command_ranges: tuple[tuple[float, float], ...] = ()
+    # A step that asks the fingers to open by less than this above their reading at t holds them at
+    # the reading (`train.open_deadband_mm`); 0 in files written before it.
+    open_deadband_m: float = 0.0
 
     @property
     def joint_space(self) -> bool:
@@ -137,6 +141,7 @@ class RuntimeSpec:
             max_camera_offset_ms=float(raw["max_camera_offset_ms"]),
             joint_names=tuple(str(n) for n in raw.get("joint_names", ())),
             command_ranges=tuple((float(lo), float(hi)) for lo, hi in raw.get("command_ranges", ())),
+            open_deadband_m=float(raw.get("open_deadband_m", 0.0)),
         )
 
 

@@ -90,6 +90,10 @@ class TrainConfig:
     # then stays as pretrained (its weights no longer trained).
     encoder_pretrain_steps: int = 0
     freeze_encoder: bool = False
+    # The exported policy's runner (`runtime.runner`, its spec): a step that asks the fingers to open by
+    # less than this above their reading holds them at the reading (a gripper's deadband: a chunk's
+    # small error in the width no longer lets a held block fall). 0: the policy's width as it is.
+    open_deadband_mm: float = 0.0
     model: PolicyConfig = field(default_factory=PolicyConfig)
     # null: the policy sees through its cameras. A mapping: the privileged control (PrivilegedExport).
     privileged: PrivilegedExport | None = None
@@ -112,7 +116,14 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         # keep_top_k 0: `latest` only; frame_cache_mb 0: no decoded frames kept.
-        for name in ("warmup_steps", "keep_top_k", "num_workers", "frame_cache_mb", "encoder_pretrain_steps"):
+        for name in (
+            "warmup_steps",
+            "keep_top_k",
+            "num_workers",
+            "frame_cache_mb",
+            "encoder_pretrain_steps",
+            "open_deadband_mm",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         # `not x > 0` is true for NaN too. A zero learning rate never moves the weights, and a zero
