@@ -35,7 +35,10 @@ def replay(plan: MotionPlan) -> Simulator:
 
 def percentiles(values: list[float]) -> dict[str, float]:
     v = np.asarray(values, dtype=np.float64)
-    return {k: round(float(np.percentile(v, q)), 2) for k, q in (("min", 0), ("median", 50), ("p99", 99), ("max", 100))}
+    return {
+        k: round(float(np.percentile(v, q)), 2)
+        for k, q in (("min", 0), ("median", 50), ("p99", 99), ("max", 100))
+    }
 
 
 def measure(plans: int, persons: bool) -> dict:
@@ -74,10 +77,14 @@ def measure(plans: int, persons: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--plans", type=int, default=3000)
     args = parser.parse_args()
-    print(json.dumps({"plain": measure(args.plans, False), "persons_hand": measure(args.plans, True)}, indent=2))
+    print(
+        json.dumps({"plain": measure(args.plans, False), "persons_hand": measure(args.plans, True)}, indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -663,5 +663,9 @@ def test_persons_hand_recordings_change_only_the_recordings_drawn_for_it(tmp_pat
         != next(mixed.root.rglob(f"{stem}_vio.mcap")).read_bytes()
     ]
     assert 1 <= len(changed) <= 5  # drawn per recording (seed 0: the first four)
-    drawn = [stem for stem in plain.good_stems if RecordingDraws.of(config.seed, int(stem[4:]) - 1).hand.random() < 0.5]
+    drawn = [
+        stem
+        for stem in plain.good_stems
+        if RecordingDraws.of(config.seed, int(stem[4:]) - 1).hand.random() < 0.5
+    ]
     assert changed == drawn

@@ -63,7 +63,9 @@ def test_the_generators_demonstration_succeeds_and_places_where_the_recording_sh
 def test_a_persons_hand_demonstration_succeeds_and_places_where_the_recording_shows(seed) -> None:
     # Grasped off-centre along the fingers, the block is carried with its centre over the mark; the
     # simulator keeps it where the fingers closed on it, as the recording's frames show it.
-    p = plan_motion(np.random.default_rng([7, seed]), 1_700_000_000 * NS, hand_rng=np.random.default_rng(seed))
+    p = plan_motion(
+        np.random.default_rng([7, seed]), 1_700_000_000 * NS, hand_rng=np.random.default_rng(seed)
+    )
     sim = simulate(p, *targets(p))
     assert sim.outcome() == "success" and sim.grasps == 1 and sim.closes_on_nothing == 0
     recorded, _ = p.target_at(np.array([p.end_ns]))

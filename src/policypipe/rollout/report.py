@@ -135,7 +135,9 @@ def _drops(drops: list[dict[str, float | bool]]) -> dict[str, Any]:
         "count": len(drops),
         "over_the_mark": int(sum(over)),
         "before_the_mark": int(len(drops) - sum(over)),
-        "median_height_mm": round(1000.0 * float(np.median([d["height_m"] for d in drops])), 1) if drops else None,
+        "median_height_mm": round(1000.0 * float(np.median([d["height_m"] for d in drops])), 1)
+        if drops
+        else None,
         "median_from_mark_mm": round(1000.0 * float(np.median([d["from_mark_m"] for d in drops])), 1)
         if drops
         else None,

@@ -74,7 +74,9 @@ class RecordingDraws:
         )
 
 
-def recording_plan(stem: str, *, seed: int, recordings: int, recovery: float, hand: float = 0.0) -> MotionPlan:
+def recording_plan(
+    stem: str, *, seed: int, recordings: int, recovery: float, hand: float = 0.0
+) -> MotionPlan:
     """The ground truth of the good recording `stem` (rec_0001, ...) of a one-gripper sample export
     of `recordings` recordings with `seed`, `recovery` and `hand` (`export.SampleConfig`): the
     demonstrator's motion, the scene and the block, exactly as `write_sample_export` drew them."""
