@@ -59,26 +59,24 @@ def test_the_generators_demonstration_succeeds_and_places_where_the_recording_sh
     assert sim.distance_to_mark() < PLACE_RADIUS_M
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_a_persons_hand_demonstration_succeeds_and_places_where_the_recording_shows(seed) -> None:
-    # Grasped off-centre along the fingers, the block is carried with its centre over the mark; the
-    # simulator keeps it where the fingers closed on it, as the recording's frames show it.
-    p = plan_motion(
-        np.random.default_rng([7, seed]), 1_700_000_000 * NS, hand_rng=np.random.default_rng(seed)
-    )
+# How far the simulator's block may end from where the recording shows it: a recovery plan draws the
+# held block at the TCP, as the plain plans do; a person's hand's where the fingers closed on it
+# (off-centre along them), which is where the simulator keeps it.
+RECORDED_WITHIN_M = {"recovery": 0.01, "hand": 0.004}
+
+
+@pytest.mark.parametrize(
+    ("demonstrator", "seed"), [("recovery", s) for s in range(6)] + [("hand", s) for s in range(12)]
+)
+def test_recovery_and_persons_hand_demonstrations_succeed_where_the_recording_shows(
+    demonstrator, seed
+) -> None:
+    varied = {f"{demonstrator}_rng": np.random.default_rng(seed)}
+    p = plan_motion(np.random.default_rng([7, seed]), 1_700_000_000 * NS, **varied)
     sim = simulate(p, *targets(p))
     assert sim.outcome() == "success" and sim.grasps == 1 and sim.closes_on_nothing == 0
     recorded, _ = p.target_at(np.array([p.end_ns]))
-    assert np.linalg.norm(sim.state.block_centre[:2] - recorded[0, :2]) < 0.004
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_a_recovery_demonstration_succeeds(seed) -> None:
-    p = plan_motion(
-        np.random.default_rng([7, seed]), 1_700_000_000 * NS, recovery_rng=np.random.default_rng(seed)
-    )
-    sim = simulate(p, *targets(p))
-    assert sim.outcome() == "success" and sim.grasps == 1 and sim.closes_on_nothing == 0
+    assert np.linalg.norm(sim.state.block_centre[:2] - recorded[0, :2]) < RECORDED_WITHIN_M[demonstrator]
 
 
 def test_a_grasp_beside_the_block_grips_nothing() -> None:
