@@ -130,17 +130,17 @@ def _drops(drops: list[dict[str, float | bool]]) -> dict[str, Any]:
     """Where the dropped blocks were let go: how many over the mark (within PLACE_RADIUS_M of it: set
     down too high) and how many before it (opened in the carry), with the medians of the height
     and the distance from the mark in mm (None without a drop)."""
-    over = [d["from_mark_m"] <= PLACE_RADIUS_M for d in drops]
+
+    def median_mm(key: str) -> float | None:
+        return round(1000.0 * float(np.median([d[key] for d in drops])), 1) if drops else None
+
+    over = int(sum(d["from_mark_m"] <= PLACE_RADIUS_M for d in drops))
     return {
         "count": len(drops),
-        "over_the_mark": int(sum(over)),
-        "before_the_mark": int(len(drops) - sum(over)),
-        "median_height_mm": round(1000.0 * float(np.median([d["height_m"] for d in drops])), 1)
-        if drops
-        else None,
-        "median_from_mark_mm": round(1000.0 * float(np.median([d["from_mark_m"] for d in drops])), 1)
-        if drops
-        else None,
+        "over_the_mark": over,
+        "before_the_mark": len(drops) - over,
+        "median_height_mm": median_mm("height_m"),
+        "median_from_mark_mm": median_mm("from_mark_m"),
     }
 
 
