@@ -78,9 +78,8 @@ class EpisodeResult:
     frames: list[np.ndarray]  # RGB, every frame the camera captured (kept only when asked)
     frame_times_s: tuple[float, ...] = ()  # each kept frame's capture time from the episode's start
     missed_closes: list[dict[str, float]] = field(default_factory=list)  # `Simulator.missed_closes`
-    releases: list[dict[str, float | bool]] = field(
-        default_factory=list
-    )  # `Simulator.released_at`, each gripper's
+    # `Simulator.released_at`, each gripper's
+    releases: list[dict[str, float | bool]] = field(default_factory=list)
     # A rig's episode (`rig.run_rig_episode`): each gripper's own outcome; `outcome` is "success"
     # when all are, else the first failing gripper's.
     gripper_outcomes: tuple[str, ...] = ()
