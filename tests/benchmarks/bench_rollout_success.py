@@ -41,6 +41,12 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=50)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--latency-ms", type=float, default=0.0, help="as rollout.latency_ms")
+    parser.add_argument(
+        "--compensate-latency",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="as rollout.compensate_latency",
+    )
     parser.add_argument("--max-speed", type=float, default=None, help="as rollout.max_speed_m_s (m/s)")
     parser.add_argument("--out", type=Path, help="the results as JSON")
     args = parser.parse_args()
@@ -49,11 +55,13 @@ def main() -> None:
         first_seed=args.first_seed,
         videos=0,
         latency_ms=args.latency_ms,
+        compensate_latency=args.compensate_latency,
         max_speed_m_s=args.max_speed,
     )
     results: dict = {
         "scenes": [args.first_seed, args.first_seed + args.episodes - 1],
         "latency_ms": args.latency_ms,
+        "compensate_latency": args.compensate_latency,
         "max_speed_m_s": args.max_speed,
         "configs": {},
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 from scipy.spatial.transform import Rotation
@@ -25,7 +26,7 @@ from policypipe.rollout.report import RolloutStageConfig, record_videos, report,
 from policypipe.runtime.runner import PolicyRunner
 from policypipe.synthetic.export import SampleConfig
 from policypipe.synthetic.motion import plan_motion
-from policypipe.synthetic.simulator import NS
+from policypipe.synthetic.simulator import NS, SimConfig
 from tests.runtime.test_runner import pipeline  # noqa: F401 (a fixture)
 
 CONFIG = RolloutConfig()
@@ -85,6 +86,47 @@ def test_the_controller_gets_what_a_robot_has_when_it_asks() -> None:
     assert 0 <= min(watching.ages_ms) and max(watching.ages_ms) < 1000 / 45 + 2 * 1000 / 30
     assert len(set(np.round(watching.ages_ms))) > 3  # not a fixed lag: the clocks run apart
     assert all(115 < rate < 205 for rate in watching.pose_rates)
+
+
+class _Recording(DemonstrationReplay):
+    """The scene's demonstration, noting every pose and held-object report it is sent."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(rollout_scene(seed), CONFIG.frequency_hz)
+        self.poses: dict[int, np.ndarray] = {}
+        self.holding: list[bool] = []
+
+    def act(self, observation, now_ns=None, episode_start_ns=None):
+        self.poses |= dict(zip(observation.pose_ns.tolist(), observation.position))
+        self.holding.append(observation.grippers[0].holding_at(observation.frame_ns[-1]))
+        return super().act(observation, now_ns, episode_start_ns)
+
+
+def test_a_loop_that_knows_its_latency_sends_targets_early_so_that_they_take_effect_on_time() -> None:
+    def poses(config: RolloutConfig) -> dict[int, np.ndarray]:
+        replay = _Recording(4)
+        assert run_episode(replay, 4, config).outcome == "success"
+        return replay.poses
+
+    ideal = poses(CONFIG)
+    late = SimConfig(latency_ns=60_000_000)
+    compensated = poses(replace(CONFIG, sim=late, compensate_latency=True))
+    uncompensated = poses(replace(CONFIG, sim=late, compensate_latency=False))
+    start = rollout_scene(4).start_ns + NS // 5  # past the steps the first request is too late for
+    common = [t for t in compensated if t > start and t in ideal]
+    assert len(common) > 500
+    # The same path at the same times, but for where the chunks' own times fall (requests come
+    # 60 ms earlier, so the targets are spaced from other frames): tenths of a millimetre.
+    assert max(np.linalg.norm(compensated[t] - ideal[t]) for t in common) < 2e-4
+    assert max(np.linalg.norm(uncompensated[t] - ideal[t]) for t in common if t in uncompensated) > 0.005
+
+
+def test_the_simulated_gripper_reports_the_block_it_holds() -> None:
+    replay = _Recording(2)
+    assert run_episode(replay, 2, CONFIG).outcome == "success"
+    held = np.flatnonzero(replay.holding)
+    # Open at the start, holding from the grasp to the release: one span.
+    assert not replay.holding[0] and len(held) > 10 and np.all(np.diff(held) == 1)
 
 
 def demonstration_of(seed: int) -> Demonstration:

@@ -240,6 +240,23 @@ def test_the_deadband_holds_a_small_opening_at_the_reading_and_passes_closing_an
     assert RuntimeSpec.read(tmp_path / "policy").open_deadband_m == 0.0
 
 
+def test_the_deadband_lets_a_gripper_that_reports_holding_nothing_open(pipeline: Pipeline) -> None:
+    plain = PolicyRunner.load(pipeline.policy)
+    runner = PolicyRunner(plain.policy, dataclasses.replace(plain.spec, open_deadband_m=0.010))
+    relative = np.tile([0, 0, 0, 1, 0, 0, 0, 1, 0, 0.004], (WINDOW.horizon, 1))  # opens 4 mm
+    reading = 0.030
+
+    def width(holding: bool | None) -> np.ndarray:
+        anchor = {0: GripperAnchor(np.zeros(3), np.eye(3), reading, holding)}
+        return runner.compose(relative, 0, anchor, None).width
+
+    # A close that missed is retried by small openings; a held block, or a gripper that does not
+    # say, keeps its reading.
+    np.testing.assert_allclose(width(False), reading + 0.004)
+    np.testing.assert_allclose(width(True), reading)
+    np.testing.assert_allclose(width(None), reading)
+
+
 def nan_in_row(values: np.ndarray, row: int) -> np.ndarray:
     values = values.copy()
     values[row, 1] = np.nan

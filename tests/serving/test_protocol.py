@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from policypipe.runtime.chunk import ActionChunk
+from policypipe.runtime.observation import Observation
 from policypipe.serving.protocol import (
     BAD_REQUEST,
     NOT_MSGPACK,
@@ -122,6 +123,13 @@ def test_a_request_is_the_observation_fields_and_the_options_of_act() -> None:
     assert isinstance(request, ActRequest) and (request.now_ns, request.seed) == (3, 4)
     assert request.episode_start_ns is None and set(request.observation) == set(observation_fields())
     assert parse_request({"__ctrl__": "metadata"}) == Control("metadata")
+
+
+def test_a_grippers_held_object_report_travels_to_the_runner() -> None:
+    fields = observation_fields() | {"holding": np.array([False, True])}
+    request = parse_request(unpack(pack(act_message(fields))))
+    observation = Observation.checked(**request.observation)
+    assert observation.grippers[0].holding_at(2) is True
 
 
 @pytest.mark.parametrize(

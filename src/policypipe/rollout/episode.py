@@ -66,6 +66,11 @@ class RolloutConfig:
     camera_size: tuple[int, int] = (320, 240)  # the sample recordings' (width, height)
     history_frames: int = 12  # frames sent with each request
     sim: SimConfig = field(default_factory=SimConfig)
+    # The robot-side loop knows the simulator's latency, as a robot's loop measures its own: it
+    # passes the controller the time its targets will take effect and sends each target that much
+    # before the target's time, so that it takes effect at it (UMI's latency matching). False: it
+    # sends each target at its time, and the latency delays it.
+    compensate_latency: bool = True
 
 
 @dataclass(frozen=True)
@@ -110,11 +115,12 @@ class _Trajectory:
 
     def __init__(self, state: SimState) -> None:
         self.t: list[int] = []
-        self.rows: list[np.ndarray] = []  # position (3), quaternion (4), width, block centre (3), yaw
+        # position (3), quaternion (4), width, block centre (3), yaw, held (1 or 0)
+        self.rows: list[np.ndarray] = []
         self.add(state)
 
     def add(self, s: SimState) -> None:
-        row = np.concatenate([s.position, s.quaternion, [s.width], s.block_centre, [s.block_yaw]])
+        row = np.concatenate([s.position, s.quaternion, [s.width], s.block_centre, [s.block_yaw, s.held]])
         if self.t and s.t_ns <= self.t[-1]:  # a target that takes effect no later: it replaces the last
             self.rows[-1] = row
         else:
@@ -122,7 +128,7 @@ class _Trajectory:
             self.rows.append(row)
 
     def at(self, times: np.ndarray) -> np.ndarray:
-        """(N, 12) states at `times` (held before the first step and after the last): linear between
+        """(N, 13) states at `times` (held before the first step and after the last): linear between
         steps, rotations by slerp, the block's yaw the short way round."""
         t, rows = np.asarray(self.t), np.stack(self.rows)
         i = np.clip(np.searchsorted(t, times, side="right"), 1, max(len(t) - 1, 1))
@@ -193,9 +199,10 @@ def run_rig_plan(
         for i in range(grippers):
             poses = pose_ns[i][(pose_ns[i] <= now) & (pose_ns[i] > now - HISTORY_NS)]
             widths = width_ns[i][(width_ns[i] <= now) & (width_ns[i] > now - HISTORY_NS)]
-            states = trajectories[i].at(poses)
+            states, openings = trajectories[i].at(poses), trajectories[i].at(widths)
+            # The gripper reports a held object with each opening, as a real one's object detection.
             seen[i] = GripperState(
-                poses, states[:, :3], states[:, 3:7], widths, trajectories[i].at(widths)[:, 7]
+                poses, states[:, :3], states[:, 3:7], widths, openings[:, 7], openings[:, 12] >= 0.5
             )
             covered = min(covered, int(poses[-1]), int(widths[-1]))
         cameras = {}
@@ -220,16 +227,17 @@ def run_rig_plan(
     # The episode starts with the streams' first frame: they ran LEAD_IN_NS with the grippers still
     # before t0, as a recording's first frames see them still.
     first_ns = int(camera_ns[0][0])
+    lead_ns = config.sim.latency_ns if config.compensate_latency else 0
     now = t0
     while now < end_ns and not all(sim.done() for sim in sims):
-        chunk = controller.act(observe(now), now_ns=now, episode_start_ns=first_ns)
-        steps = np.flatnonzero(chunk.execute & (chunk.time_ns > now))
+        chunk = controller.act(observe(now), now_ns=now + lead_ns, episode_start_ns=first_ns)
+        steps = np.flatnonzero(chunk.execute & (chunk.time_ns > now + lead_ns))
         if len(steps) == 0:
             raise ValueError(
                 f"the controller's chunk at t = {now} ns executes no step: it would wait forever"
             )
         for k in steps:
-            now = int(chunk.time_ns[k])
+            now = int(chunk.time_ns[k]) - lead_ns  # sent now, it takes effect at its time
             for i, sim in enumerate(sims):
                 if not sim.done():  # a released block's gripper holds still
                     targets = chunk.grippers[i]

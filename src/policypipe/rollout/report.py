@@ -46,6 +46,8 @@ class RolloutStageConfig:
     first_seed: int = 0
     time_limit_s: float = 14.0
     latency_ms: float = 0.0  # every target takes effect this much later
+    # The robot-side loop sends each target latency_ms early (`episode.RolloutConfig`).
+    compensate_latency: bool = True
     max_speed_m_s: float | None = None  # None: ideal tracking
     videos: int = 3  # episodes of the policy written as MP4: failures and successes, by seed
     workers: int = 0  # processes (0: all cores); the outcomes do not depend on it
@@ -68,6 +70,7 @@ class RolloutStageConfig:
             time_limit_s=self.time_limit_s,
             frequency_hz=frequency_hz,
             sim=SimConfig(int(round(self.latency_ms * 1e6)), self.max_speed_m_s),
+            compensate_latency=self.compensate_latency,
         )
 
 
@@ -368,6 +371,7 @@ def report(
             "scenes": {"seeds": [first, first + stage.episodes - 1], "rule": rule},
             "time_limit_s": stage.time_limit_s,
             "latency_ms": stage.latency_ms,
+            "compensate_latency": stage.compensate_latency,
             "max_speed_m_s": stage.max_speed_m_s,
         }
         | {c: summary(results[c]) for c in CONTROLLERS}

@@ -21,10 +21,12 @@ class ObservationError(ValueError):
 
 # A field of camera k >= 1 or gripper i >= 1: recording format 2's names (`camera{k}`, `robot{i}`).
 OTHER_FIELD = re.compile(
-    r"^(?:camera([0-9]+)_(frame_ns|frames)|robot([0-9]+)_(pose_ns|position|quaternion|width_ns|width))$"
+    r"^(?:camera([0-9]+)_(frame_ns|frames)|robot([0-9]+)_(pose_ns|position|quaternion|width_ns|width|holding))$"
 )
 CAMERA_FIELDS = ("frame_ns", "frames")
 GRIPPER_FIELDS = ("pose_ns", "position", "quaternion", "width_ns", "width")
+# Sent where the gripper reports it; the runner's deadband then holds only a held object.
+OPTIONAL_GRIPPER_FIELDS = ("holding",)
 
 
 def number_zero(collection: str, field: str) -> property:
@@ -46,6 +48,15 @@ class GripperState:
     quaternion: np.ndarray  # (P, 4) x, y, z, w, world <- gripper
     width_ns: np.ndarray  # (W,) int64 times of its recent openings, increasing
     width: np.ndarray  # (W,) metres
+    # (W,) bool: whether the gripper reported its fingers closed on an object at each opening (a
+    # gripper's object detection: Robotiq's gOBJ, a Franka Hand's grasp state); None: it does not say.
+    holding: np.ndarray | None = None
+
+    def holding_at(self, t: int) -> bool | None:
+        """The gripper's report at its latest opening at or before t (its first, if none is)."""
+        if self.holding is None:
+            return None
+        return bool(self.holding[max(int(np.searchsorted(self.width_ns, t, side="right")) - 1, 0)])
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,7 @@ class Observation:
     quaternion = number_zero("grippers", "quaternion")
     width_ns = number_zero("grippers", "width_ns")
     width = number_zero("grippers", "width")
+    holding = number_zero("grippers", "holding")
 
     @classmethod
     def checked(
@@ -79,15 +91,18 @@ class Observation:
         quaternion,
         width_ns,
         width,
+        holding=None,
         **others,
     ) -> Observation:
         """The observation with its arrays as the runner uses them, or ObservationError.
 
         Camera 0 and gripper 0 by their own names; camera k >= 1 as `camera{k}_frame_ns` and
         `camera{k}_frames`, gripper i >= 1 as `robot{i}_pose_ns`, `robot{i}_position`, ... (the
-        names of `fields`)."""
+        names of `fields`); `holding` and `robot{i}_holding` where the gripper reports it."""
         cameras = {0: {"frame_ns": frame_ns, "frames": frames}}
         grippers = {0: dict(zip(GRIPPER_FIELDS, (pose_ns, position, quaternion, width_ns, width)))}
+        if holding is not None:
+            grippers[0]["holding"] = holding
         for name, value in others.items():
             match = OTHER_FIELD.match(name)
             if match is None or (match[1] or match[3]).startswith("0"):  # camera 0: `frames`; no 01
@@ -95,7 +110,8 @@ class Observation:
                     f"unknown observation field {name[:60]!r}: camera 0 and gripper 0 are "
                     f"{', '.join(CAMERA_FIELDS + GRIPPER_FIELDS)}; camera k >= 1 is camera{{k}}_frame_ns and "
                     "camera{k}_frames, gripper i >= 1 robot{i}_pose_ns, robot{i}_position, "
-                    "robot{i}_quaternion, robot{i}_width_ns and robot{i}_width"
+                    "robot{i}_quaternion, robot{i}_width_ns and robot{i}_width (and holding, "
+                    "robot{i}_holding where the gripper reports a held object)"
                 )
             if match[1]:
                 cameras.setdefault(int(match[1]), {})[match[2]] = value
@@ -119,12 +135,19 @@ class Observation:
             out |= {_field_name("camera", k, f): getattr(camera, f) for f in CAMERA_FIELDS}
         for i, gripper in self.grippers.items():
             out |= {_field_name("robot", i, f): getattr(gripper, f) for f in GRIPPER_FIELDS}
+            if gripper.holding is not None:
+                out[_field_name("robot", i, "holding")] = gripper.holding
         return out
 
 
 def is_field_name(name: str) -> bool:
     """Whether `name` is an observation field of some camera or gripper."""
-    return name in CAMERA_FIELDS or name in GRIPPER_FIELDS or OTHER_FIELD.match(name) is not None
+    return (
+        name in CAMERA_FIELDS
+        or name in GRIPPER_FIELDS
+        or name in OPTIONAL_GRIPPER_FIELDS
+        or OTHER_FIELD.match(name) is not None
+    )
 
 
 def field_names(grippers: list[int], cameras: list[int]) -> list[str]:
@@ -158,7 +181,7 @@ def checked_camera(k: int, frame_ns, frames) -> CameraFrames:
     return CameraFrames(frame_ns, np.ascontiguousarray(frames))
 
 
-def _gripper(i: int, pose_ns, position, quaternion, width_ns, width) -> GripperState:
+def _gripper(i: int, pose_ns, position, quaternion, width_ns, width, holding=None) -> GripperState:
     def name(field: str) -> str:
         return _field_name("robot", i, field)
 
@@ -174,7 +197,14 @@ def _gripper(i: int, pose_ns, position, quaternion, width_ns, width) -> GripperS
         )
     width_ns = checked_times(width_ns, name("width_ns"))
     width = checked_floats(width, name("width"), (len(width_ns),))
-    return GripperState(pose_ns, position, quaternion, width_ns, width)
+    if holding is not None:
+        holding = np.asarray(holding)
+        if holding.dtype != np.bool_ or holding.shape != width_ns.shape:
+            raise ObservationError(
+                f"{name('holding')} must be ({len(width_ns)},) bool, the gripper's object detection at each "
+                f"of its {name('width_ns')}, got {holding.dtype} of shape {holding.shape}"
+            )
+    return GripperState(pose_ns, position, quaternion, width_ns, width, holding)
 
 
 def checked_times(values, name: str) -> np.ndarray:

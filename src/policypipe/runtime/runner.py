@@ -11,7 +11,8 @@ each step its frame nearest camera 0's, absent beyond convert's max_camera_offse
 onto each gripper's pose and width at t: step k is the target at t + (k + 1) / f, position
 p_t + R_t dp, rotation R_t GramSchmidt(r6), width w_t + dw clipped to the openings of the
 training episodes; with the spec's `open_deadband_m`, a step whose dw opens by less than it holds
-w_t (a chunk's small error in the width does not let a held block fall; docs/runtime.md).
+w_t (a chunk's small error in the width does not let a held block fall; docs/runtime.md), unless
+the gripper reports that it holds nothing (`GripperState.holding`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class GripperAnchor:
     position: np.ndarray  # (3,) metres, world frame
     rotation: np.ndarray  # (3, 3) world <- gripper
     width: float  # metres
+    # Whether the gripper reports an object between its fingers at t (`GripperState.holding`);
+    # None where it does not say.
+    holding: bool | None = None
 
 
 class FrameRunner:
@@ -217,7 +221,7 @@ class PolicyRunner(FrameRunner):
         if self.policy.config.privileged:
             batch["obs_scene_state"] = self._scene_state(observation, wanted)
         anchors = {
-            i: GripperAnchor(pos[-1], rot[-1], float(width[-1]))
+            i: GripperAnchor(pos[-1], rot[-1], float(width[-1]), observation.grippers[i].holding_at(t))
             for i, (pos, rot, width) in zip(spec.grippers, sampled)
         }
         return batch, t, anchors
@@ -278,7 +282,9 @@ class PolicyRunner(FrameRunner):
             own = relative[:, 10 * g : 10 * (g + 1)]
             rotation = anchor.rotation @ rot6d_to_matrix(own[:, 3:9])
             opening = own[:, 9]
-            held = (opening > 0.0) & (opening < spec.open_deadband_m)
+            # The deadband keeps a held block held; a gripper that reports holding nothing (a close
+            # that missed) opens freely, so that it can try again.
+            held = (opening > 0.0) & (opening < spec.open_deadband_m) & (anchor.holding is not False)
             grippers[i] = GripperTargets(
                 position=anchor.position + own[:, :3] @ anchor.rotation.T,
                 quaternion=Rotation.from_matrix(rotation).as_quat(),

@@ -36,7 +36,7 @@ CONVENTIONS = {
     "action": (
         "step k (0-based) is the target at t + (k + 1) / frequency_hz, t camera 0's latest frame's "
         "capture time: per gripper, position p_t + R_t dp, rotation R_t GramSchmidt(r6), width w_t + dw, "
-        "or w_t where 0 < dw < open_deadband_m"
+        "or w_t where 0 < dw < open_deadband_m unless the gripper reports holding nothing"
     ),
     "cameras": (
         "camera 0 sets t and the observation steps; camera k >= 1 gives each step its frame nearest "
@@ -78,7 +78,8 @@ class RuntimeSpec:
     joint_names: tuple[str, ...] = ()
     command_ranges: tuple[tuple[float, float], ...] = ()
     # A step that asks the fingers to open by less than this above their reading at t holds them at
-    # the reading (`train.open_deadband_mm`); 0 in files written before it.
+    # the reading (`train.open_deadband_mm`), unless the gripper reports that it holds nothing
+    # (`GripperState.holding`); 0 in files written before it.
     open_deadband_m: float = 0.0
 
     @property

@@ -92,7 +92,8 @@ class TrainConfig:
     freeze_encoder: bool = False
     # The exported policy's runner (`runtime.runner`, its spec): a step that asks the fingers to open by
     # less than this above their reading holds them at the reading (a gripper's deadband: a chunk's
-    # small error in the width no longer lets a held block fall). 0: the policy's width as it is.
+    # small error in the width no longer lets a held block fall), unless the gripper reports that it
+    # holds nothing (`runtime.observation.GripperState.holding`). 0: the policy's width as it is.
     open_deadband_mm: float = 0.0
     model: PolicyConfig = field(default_factory=PolicyConfig)
     # null: the policy sees through its cameras. A mapping: the privileged control (PrivilegedExport).
