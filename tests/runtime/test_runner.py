@@ -240,6 +240,26 @@ def test_the_deadband_holds_a_small_opening_at_the_reading_and_passes_closing_an
     assert RuntimeSpec.read(tmp_path / "policy").open_deadband_m == 0.0
 
 
+def test_the_runner_takes_the_grippers_report_at_the_latest_frame(pipeline: Pipeline) -> None:
+    runner = PolicyRunner.load(pipeline.policy)
+    episode = pipeline.stats["split"]["val"][0]
+    t = anchor_capture_ns(
+        pipeline, episode, int(collect_samples(pipeline.store, [episode], WINDOW, 5).anchors[2])
+    )
+    observation = robot_observation(pipeline.recordings[episode], t)
+    gripper = observation.grippers[0]
+    after = gripper.width_ns > observation.frame_ns[-1]  # the sample after t that covers it is sent too
+    assert after.any() and not after.all()
+
+    def anchored(holding: np.ndarray | None) -> bool | None:
+        reported = dataclasses.replace(gripper, holding=holding)
+        return runner.prepare(dataclasses.replace(observation, grippers={0: reported}))[2][0].holding
+
+    assert anchored(None) is None
+    assert anchored(~after) is True  # held up to t, let go after it
+    assert anchored(after) is False  # closed on it only after t
+
+
 def test_the_deadband_lets_a_gripper_that_reports_holding_nothing_open(pipeline: Pipeline) -> None:
     plain = PolicyRunner.load(pipeline.policy)
     runner = PolicyRunner(plain.policy, dataclasses.replace(plain.spec, open_deadband_m=0.010))
