@@ -194,13 +194,18 @@ def test_absolute_errors_against_the_recorded_future_equal_the_offline_ones(pipe
         np.testing.assert_allclose(driven[inside], offline[inside], atol=5e-6)
 
 
-def test_steps_already_past_are_marked_and_not_executed(pipeline: Pipeline) -> None:
-    runner = PolicyRunner.load(pipeline.policy)
+def validation_observation(pipeline: Pipeline) -> tuple[Observation, int]:
+    """What a robot has at a validation sample's frame, and that frame's capture time t."""
     episode = pipeline.stats["split"]["val"][0]
     t = anchor_capture_ns(
         pipeline, episode, int(collect_samples(pipeline.store, [episode], WINDOW, 5).anchors[2])
     )
-    obs = robot_observation(pipeline.recordings[episode], t)
+    return robot_observation(pipeline.recordings[episode], t), t
+
+
+def test_steps_already_past_are_marked_and_not_executed(pipeline: Pipeline) -> None:
+    runner = PolicyRunner.load(pipeline.policy)
+    obs, t = validation_observation(pipeline)
     late = runner.act(obs, now_ns=t + int(2.5e9 / runner.spec.frequency_hz), seed=1)
     assert late.past.tolist() == [k < 2 for k in range(WINDOW.horizon)]
     assert late.execute.tolist() == [2 <= k < WINDOW.n_action_steps for k in range(WINDOW.horizon)]
@@ -242,11 +247,7 @@ def test_the_deadband_holds_a_small_opening_at_the_reading_and_passes_closing_an
 
 def test_the_runner_takes_the_grippers_report_at_the_latest_frame(pipeline: Pipeline) -> None:
     runner = PolicyRunner.load(pipeline.policy)
-    episode = pipeline.stats["split"]["val"][0]
-    t = anchor_capture_ns(
-        pipeline, episode, int(collect_samples(pipeline.store, [episode], WINDOW, 5).anchors[2])
-    )
-    observation = robot_observation(pipeline.recordings[episode], t)
+    observation, _ = validation_observation(pipeline)
     gripper = observation.grippers[0]
     after = gripper.width_ns > observation.frame_ns[-1]  # the sample after t that covers it is sent too
     assert after.any() and not after.all()
