@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from policypipe.rollout.episode import LEAD_IN_NS, run_episode
+from policypipe.rollout.episode import LEAD_IN_NS, episode_noise_seed, run_episode
 from policypipe.rollout.report import RolloutStageConfig
-from policypipe.runtime.runner import PolicyRunner
+from policypipe.runtime.runner import PolicyRunner, held_by_deadband
 
 LAST_S = 3.0
 
@@ -34,10 +34,11 @@ class HeldBackOpenings:
     def act(self, observation, now_ns=None, episode_start_ns=None):
         chunk = self.runner.act(observation, now_ns=now_ns, episode_start_ns=episode_start_ns)
         t = int(observation.frame_ns[-1])
-        if observation.grippers[0].holding_at(t) is not False:
-            opening = chunk.relative[:, 9]
-            held = chunk.execute & (opening > 0) & (opening < self.runner.spec.open_deadband_m)
-            self.times_s += [(t - episode_start_ns) / 1e9] * int(held.sum())
+        holding = observation.grippers[0].holding_at(t)
+        held = chunk.execute & held_by_deadband(
+            chunk.relative[:, 9], self.runner.spec.open_deadband_m, holding
+        )
+        self.times_s += [(t - episode_start_ns) / 1e9] * int(held.sum())
         return chunk
 
 
@@ -56,7 +57,7 @@ def main() -> None:
     config = stage.episode_config(runner.spec.frequency_hz)
     episodes = defaultdict(list)
     for seed in range(args.first_seed, args.first_seed + args.episodes):
-        runner.generator.manual_seed(stage.seed * 1_000_003 + seed)  # as the rollout stage
+        runner.generator.manual_seed(episode_noise_seed(stage.seed, seed))  # as the rollout stage
         traced = HeldBackOpenings(runner)
         result = run_episode(traced, seed, config)
         end_s = result.duration_s + LEAD_IN_NS / 1e9  # from the first frame, as the steps' times

@@ -30,7 +30,13 @@ from typing import Any
 import numpy as np
 
 from policypipe.lineage.hashing import sha256_path
-from policypipe.rollout.episode import ROLLOUT_ENTROPY, START_NS, RolloutConfig, run_rig_plan
+from policypipe.rollout.episode import (
+    ROLLOUT_ENTROPY,
+    START_NS,
+    RolloutConfig,
+    episode_noise_seed,
+    run_rig_plan,
+)
 from policypipe.synthetic.export import SampleConfig, studio_status
 from policypipe.synthetic.ground_truth import RECORDING_SPACING_S, base_ns
 from policypipe.synthetic.motion import MotionPlan, plan_motion, plan_takeover
@@ -117,7 +123,7 @@ def policy_takeovers(
             takeovers.append(Takeover(scene, len(takeovers) + 1, elapsed, copy.deepcopy(sims[0].state)))
 
     episode = RolloutConfig(time_limit_s=config.time_limit_s, frequency_hz=runner.spec.frequency_hz)
-    runner.generator.manual_seed(config.seed * 1_000_003 + scene)
+    runner.generator.manual_seed(episode_noise_seed(config.seed, scene))
     seed = EPISODE_SEED_BASE + config.round * 1_000_000 + scene
     result = run_rig_plan(runner, seed, RigPlan((plan,)), episode, False, on_step=on_step)
     return result.outcome, takeovers

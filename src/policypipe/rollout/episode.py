@@ -93,6 +93,12 @@ class EpisodeResult:
     monitor: tuple[tuple[float, object], ...] = ()
 
 
+def episode_noise_seed(runner_seed: int, scene: int) -> int:
+    """The seed of a policy runner's noise for one episode: a fresh sequence per scene, so that an
+    episode does not depend on which ran before it."""
+    return runner_seed * 1_000_003 + scene
+
+
 def rollout_scene(seed: int) -> MotionPlan:
     """The scene of rollout `seed` (its demonstration plan gives the start pose and the references)."""
     return plan_motion(np.random.default_rng(np.random.SeedSequence([ROLLOUT_ENTROPY, seed])), START_NS)

@@ -20,7 +20,13 @@ from typing import Any
 import numpy as np
 
 from policypipe.h264 import x264_params
-from policypipe.rollout.episode import EpisodeResult, RolloutConfig, rollout_scene, run_episode
+from policypipe.rollout.episode import (
+    EpisodeResult,
+    RolloutConfig,
+    episode_noise_seed,
+    rollout_scene,
+    run_episode,
+)
 from policypipe.rollout.monitoring import Watched, assess, first_alarm_s
 from policypipe.rollout.references import (
     Demonstration,
@@ -178,7 +184,7 @@ def _episode(controller: str, seed: int, keep_frames: bool = False) -> EpisodeRe
     config = stage.episode_config(runner.spec.frequency_hz)
     grippers = len(runner.spec.grippers)
     # A fresh noise sequence per episode: an episode does not depend on which ran before it.
-    runner.generator.manual_seed(stage.seed * 1_000_003 + seed)
+    runner.generator.manual_seed(episode_noise_seed(stage.seed, seed))
     if controller == "policy":
         chosen = Watched(runner)
     else:

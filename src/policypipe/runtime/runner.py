@@ -282,9 +282,7 @@ class PolicyRunner(FrameRunner):
             own = relative[:, 10 * g : 10 * (g + 1)]
             rotation = anchor.rotation @ rot6d_to_matrix(own[:, 3:9])
             opening = own[:, 9]
-            # The deadband keeps a held block held; a gripper that reports holding nothing (a close
-            # that missed) opens freely, so that it can try again.
-            held = (opening > 0.0) & (opening < spec.open_deadband_m) & (anchor.holding is not False)
+            held = held_by_deadband(opening, spec.open_deadband_m, anchor.holding)
             grippers[i] = GripperTargets(
                 position=anchor.position + own[:, :3] @ anchor.rotation.T,
                 quaternion=Rotation.from_matrix(rotation).as_quat(),
@@ -301,6 +299,13 @@ class PolicyRunner(FrameRunner):
             past=past,
             relative=relative,
         )
+
+
+def held_by_deadband(opening: np.ndarray, deadband_m: float, holding: bool | None) -> np.ndarray:
+    """(H,) the steps whose opening `dw` the deadband turns into none: those that open by less than
+    it. It keeps a held block held; a gripper that reports holding nothing (a close that missed)
+    opens freely, so that it can try again."""
+    return (opening > 0.0) & (opening < deadband_m) & (holding is not False)
 
 
 def chosen_frames(frame_ns: np.ndarray, wanted: np.ndarray) -> np.ndarray:
