@@ -47,6 +47,9 @@ def main() -> None:
         default=True,
         help="as rollout.compensate_latency",
     )
+    parser.add_argument(
+        "--hold-grip", action=argparse.BooleanOptionalAction, default=True, help="as rollout.hold_grip"
+    )
     parser.add_argument("--max-speed", type=float, default=None, help="as rollout.max_speed_m_s (m/s)")
     parser.add_argument("--out", type=Path, help="the results as JSON")
     args = parser.parse_args()
@@ -56,12 +59,14 @@ def main() -> None:
         videos=0,
         latency_ms=args.latency_ms,
         compensate_latency=args.compensate_latency,
+        hold_grip=args.hold_grip,
         max_speed_m_s=args.max_speed,
     )
     results: dict = {
         "scenes": [args.first_seed, args.first_seed + args.episodes - 1],
         "latency_ms": args.latency_ms,
         "compensate_latency": args.compensate_latency,
+        "hold_grip": args.hold_grip,
         "max_speed_m_s": args.max_speed,
         "configs": {},
     }

@@ -54,7 +54,7 @@ def main() -> None:
     torch.set_num_threads(1)
     runner = PolicyRunner.load(args.policy)
     stage = RolloutStageConfig(episodes=args.episodes, first_seed=args.first_seed, videos=0)
-    config = stage.episode_config(runner.spec.frequency_hz)
+    config = stage.episode_config(runner.spec.frequency_hz, runner.spec.open_deadband_m)
     episodes = defaultdict(list)
     for seed in range(args.first_seed, args.first_seed + args.episodes):
         runner.generator.manual_seed(episode_noise_seed(stage.seed, seed))  # as the rollout stage

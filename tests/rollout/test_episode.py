@@ -129,6 +129,40 @@ def test_the_simulated_gripper_reports_the_block_it_holds() -> None:
     assert not replay.holding[0] and len(held) > 10 and np.all(np.diff(held) == 1)
 
 
+class _LooseClose(DemonstrationReplay):
+    """The scene's demonstration, but its close ends 0.3 mm wider than the block, after dipping 0.5 mm
+    below it for 40 ms: a policy's closing chunk, composed on the open reading, that stops a hair too
+    wide (what the privileged control's chunks did, docs/rollout.md)."""
+
+    def act(self, observation, now_ns=None, episode_start_ns=None):
+        times = self.times(observation)
+        width = self.plan.width_at(times)
+        narrow = self.plan.scene.target_size[0]
+        dense = np.arange(self.plan.start_ns, self.plan.end_ns, NS // 1000, dtype=np.int64)
+        meets = dense[np.argmax(self.plan.width_at(dense) < narrow)]  # the fingers reach the block
+        release = self.plan.events_ns["release"]
+        width = np.where((times >= meets) & (times < release), narrow + 0.0003, width)
+        width = np.where((times >= meets) & (times < meets + 40_000_000), narrow - 0.0005, width)
+        return self.chunk(times, *self.plan.pose_at(times), width)
+
+
+def test_the_loop_holds_a_grip_that_a_chunk_composed_on_the_open_fingers_would_let_go() -> None:
+    # The runner's deadband compares a step's opening with the reading at the chunk's observation:
+    # a chunk asked for with the fingers open never "opens" them, and its close that stops 0.3 mm
+    # wider than the block grips it and lets it go at the next step, where it lay. The loop holds
+    # the grip against the reading at each step (chunk.width_to_send), and the task goes on.
+    seed = 5
+    loose = run_episode(_LooseClose(rollout_scene(seed), CONFIG.frequency_hz), seed, CONFIG)
+    assert loose.outcome == "placed_off_mark" and loose.releases[0]["from_mark_m"] > 0.1
+    held = run_episode(
+        _LooseClose(rollout_scene(seed), CONFIG.frequency_hz), seed, replace(CONFIG, hold_grip_m=0.01)
+    )
+    assert held.outcome == "success"
+    # The demonstration itself is unchanged by the hold: its opening at the mark passes the deadband.
+    replay = DemonstrationReplay(rollout_scene(seed), CONFIG.frequency_hz)
+    assert run_episode(replay, seed, replace(CONFIG, hold_grip_m=0.01)).outcome == "success"
+
+
 def demonstration_of(seed: int) -> Demonstration:
     """Rollout scene `seed`'s demonstration at 30 Hz, as a training episode stores it."""
     plan = rollout_scene(seed)

@@ -29,6 +29,7 @@ from typing import Protocol
 import numpy as np
 from scipy.spatial.transform import Rotation
 
+from policypipe.runtime.chunk import width_to_send
 from policypipe.runtime.observation import CameraFrames, GripperState, Observation
 from policypipe.synthetic.motion import MotionPlan, plan_motion
 from policypipe.synthetic.privileged import scene_state
@@ -71,6 +72,10 @@ class RolloutConfig:
     # before the target's time, so that it takes effect at it (UMI's latency matching). False: it
     # sends each target at its time, and the latency delays it.
     compensate_latency: bool = True
+    # While the gripper reports holding the block, a step's width target above its reading by less
+    # than this keeps the reading (`chunk.width_to_send`): the robot-side loop applies the policy's
+    # deadband at every step against the fingers' reading then. 0: the targets as they are.
+    hold_grip_m: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -247,9 +252,9 @@ def run_rig_plan(
             for i, sim in enumerate(sims):
                 if not sim.done():  # a released block's gripper holds still
                     targets = chunk.grippers[i]
-                    trajectories[i].add(
-                        sim.step(now, targets.position[k], targets.quaternion[k], float(targets.width[k]))
-                    )
+                    s = sim.state  # the gripper's reading and report as the step is sent
+                    width = width_to_send(float(targets.width[k]), s.width, s.held, config.hold_grip_m)
+                    trajectories[i].add(sim.step(now, targets.position[k], targets.quaternion[k], width))
             if on_step is not None:
                 on_step(now, sims)
             if all(sim.done() for sim in sims) or now >= end_ns:

@@ -54,6 +54,9 @@ class RolloutStageConfig:
     latency_ms: float = 0.0  # every target takes effect this much later
     # The robot-side loop sends each target latency_ms early (`episode.RolloutConfig`).
     compensate_latency: bool = True
+    # The robot-side loop holds a grip against small openings at every step, with the policy's
+    # `open_deadband_m` (`episode.RolloutConfig.hold_grip_m`); false: only the runner's deadband.
+    hold_grip: bool = True
     max_speed_m_s: float | None = None  # None: ideal tracking
     videos: int = 3  # episodes of the policy written as MP4: failures and successes, by seed
     workers: int = 0  # processes (0: all cores); the outcomes do not depend on it
@@ -71,12 +74,15 @@ class RolloutStageConfig:
             raise ValueError("rollout.time_limit_s must be > 0 and latency_ms >= 0")
         SimConfig(int(round(self.latency_ms * 1e6)), self.max_speed_m_s)  # its checks
 
-    def episode_config(self, frequency_hz: float) -> RolloutConfig:
+    def episode_config(self, frequency_hz: float, open_deadband_m: float = 0.0) -> RolloutConfig:
+        """The episodes' configuration for a policy stepping at `frequency_hz` whose runtime holds
+        openings below `open_deadband_m` (its spec's)."""
         return RolloutConfig(
             time_limit_s=self.time_limit_s,
             frequency_hz=frequency_hz,
             sim=SimConfig(int(round(self.latency_ms * 1e6)), self.max_speed_m_s),
             compensate_latency=self.compensate_latency,
+            hold_grip_m=open_deadband_m if self.hold_grip else 0.0,
         )
 
 
@@ -181,7 +187,7 @@ def _start_worker(policy_dir: str, stage: dict[str, Any], demonstrations: list[l
 
 def _episode(controller: str, seed: int, keep_frames: bool = False) -> EpisodeResult:
     runner, stage = _worker["runner"], _worker["stage"]
-    config = stage.episode_config(runner.spec.frequency_hz)
+    config = stage.episode_config(runner.spec.frequency_hz, runner.spec.open_deadband_m)
     grippers = len(runner.spec.grippers)
     # A fresh noise sequence per episode: an episode does not depend on which ran before it.
     runner.generator.manual_seed(episode_noise_seed(stage.seed, seed))
@@ -378,6 +384,7 @@ def report(
             "time_limit_s": stage.time_limit_s,
             "latency_ms": stage.latency_ms,
             "compensate_latency": stage.compensate_latency,
+            "hold_grip": stage.hold_grip,
             "max_speed_m_s": stage.max_speed_m_s,
         }
         | {c: summary(results[c]) for c in CONTROLLERS}

@@ -59,5 +59,21 @@ class ActionChunk:
         return out
 
 
+def width_to_send(target_m: float, reading_m: float, holding: bool | None, deadband_m: float) -> float:
+    """The opening a robot-side loop sends a gripper at an executed step: the chunk's target, or,
+    while the gripper reports holding an object, its reading now where the target would open the
+    fingers by less than `deadband_m` (the exported policy's `open_deadband_m`).
+
+    The runner applies its deadband when it composes a chunk, against the opening at the chunk's
+    observation (`runner.held_by_deadband`). A chunk asked for while the fingers were still open
+    composes its closing widths on the open reading, so that none of its steps opens anything by
+    that rule; if it closes to a few millimetres above the block's width, the fingers meet the
+    block, grip it and let it go at the next step. Applied at each step against the reading then,
+    the rule holds that grip too (docs/runtime.md, "The gripper's deadband")."""
+    if holding and reading_m < target_m < reading_m + deadband_m:
+        return reading_m
+    return target_m
+
+
 def target_field(gripper: int, field: str) -> str:
     return field if gripper == 0 else f"robot{gripper}_{field}"
