@@ -67,9 +67,9 @@ def width_to_send(target_m: float, reading_m: float, holding: bool | None, deadb
     The runner applies its deadband when it composes a chunk, against the opening at the chunk's
     observation (`runner.held_by_deadband`). A chunk asked for while the fingers were still open
     composes its closing widths on the open reading, so that none of its steps opens anything by
-    that rule; if it closes to a few millimetres above the block's width, the fingers meet the
-    block, grip it and let it go at the next step. Applied at each step against the reading then,
-    the rule holds that grip too (docs/runtime.md, "The gripper's deadband")."""
+    that rule; if its close ends at about the block's width, a step below it grips the block and
+    the next, a hair above it, lets it go where it lay. Applied at each step against the reading
+    then, the rule holds that grip too (docs/runtime.md, "The gripper's deadband")."""
     if holding and reading_m < target_m < reading_m + deadband_m:
         return reading_m
     return target_m
