@@ -19,10 +19,13 @@ def unet_horizon_multiple(down_dims: tuple[int, ...]) -> int:
     return 2 ** (len(down_dims) - 1)
 
 
-def encoder_feature_map_size(crop_size: tuple[int, int], encoder_widths: tuple[int, ...]) -> tuple[int, int]:
-    """(width, height) of the image encoder's last feature map: the stem's convolution and max-pool
-    and every stage after the first each halve it, rounding up (kernel 7/3, padding 3/1)."""
-    halvings = 2 + len(encoder_widths) - 1
+def encoder_feature_map_size(
+    crop_size: tuple[int, int], encoder_widths: tuple[int, ...], stem_pool: bool = True
+) -> tuple[int, int]:
+    """(width, height) of the image encoder's last feature map: the stem's convolution, its max-pool
+    (where stem_pool) and every stage after the first each halve it, rounding up (kernel 7/3,
+    padding 3/1)."""
+    halvings = 1 + int(stem_pool) + len(encoder_widths) - 1
     return tuple(-(-c // 2**halvings) for c in crop_size)  # type: ignore[return-value]
 
 
@@ -47,6 +50,10 @@ class PolicyConfig:
     image_size: tuple[int, int] = (96, 96)  # (width, height) of the dataset frames
     crop_size: tuple[int, int] = (88, 88)  # random crop in training, centre crop at inference
     encoder_widths: tuple[int, ...] = (64, 128, 256, 512)
+    # The stem's max-pool, as ResNet-18's. Without it the last feature map is twice as fine in each
+    # direction (a 56x56 crop and four stages: 4x4 instead of 2x2), for the keypoints to say where
+    # the block is, at about four times the stages' arithmetic (docs/rollout.md, "A finer feature map").
+    encoder_stem_pool: bool = True
     image_feature_dim: int = 256
     # The last feature map becomes spatial-softmax keypoints (Chi et al., after robomimic: a 1x1
     # convolution to num_keypoints maps, a softmax over positions, the expected (x, y) of each).
@@ -178,7 +185,7 @@ class PolicyConfig:
             raise ValueError("encoder_widths must be multiples of 16 (GroupNorm uses 16 channels a group)")
         if self.num_keypoints < 1:
             raise ValueError(f"num_keypoints must be >= 1, got {self.num_keypoints}")
-        feature_map = encoder_feature_map_size(self.crop_size, self.encoder_widths)
+        feature_map = encoder_feature_map_size(self.crop_size, self.encoder_widths, self.encoder_stem_pool)
         if feature_map == (1, 1):
             # A softmax over one position is 1 whatever the image: every keypoint would be constant.
             raise ValueError(

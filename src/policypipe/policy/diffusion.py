@@ -66,13 +66,23 @@ class DiffusionPolicy(nn.Module):
         if config.privileged:  # the scene's state in place of the camera: nothing to encode
             self.scene_state_normalizer = LowDimNormalizer(config.scene_state_dim, config.normalization)
         else:
-            self.encoder = ImageEncoder(config.encoder_widths, config.image_feature_dim, config.num_keypoints)
+            self.encoder = ImageEncoder(
+                config.encoder_widths,
+                config.image_feature_dim,
+                config.num_keypoints,
+                config.encoder_stem_pool,
+            )
         if config.cameras > 1:  # camera 0's modules keep their names: a one-camera policy is as before
             others = range(1, config.cameras)
             self.camera_image_normalizers = nn.ModuleList(ImageNormalizer() for _ in others)
             if not config.shared_camera_encoder:
                 self.camera_encoders = nn.ModuleList(
-                    ImageEncoder(config.encoder_widths, config.image_feature_dim, config.num_keypoints)
+                    ImageEncoder(
+                        config.encoder_widths,
+                        config.image_feature_dim,
+                        config.num_keypoints,
+                        config.encoder_stem_pool,
+                    )
                     for _ in others
                 )
             # What a camera without a frame at a step contributes: learned, not the features of a

@@ -4,10 +4,10 @@ GroupNorm instead of BatchNorm: statistics do not depend on the batch, so EMA we
 small per-device batches behave (Chi et al. replace BatchNorm the same way).
 
 The last feature map (B, C, h, w), the crop halved by the stem's convolution, by its max-pool
-and by each stage after the first (config.encoder_feature_map_size: 3x3 for an 88x88 crop and
-four stages, as the reference's ResNet-18 on 84x84), becomes K spatial-softmax keypoints (Chi et
-al., after robomimic: where in the image each of K learned features is, (B, 2K)); a linear layer
-maps them to feature_dim.
+(unless stem_pool is off) and by each stage after the first (config.encoder_feature_map_size:
+3x3 for an 88x88 crop and four stages, as the reference's ResNet-18 on 84x84), becomes K
+spatial-softmax keypoints (Chi et al., after robomimic: where in the image each of K learned
+features is, (B, 2K)); a linear layer maps them to feature_dim.
 """
 
 from __future__ import annotations
@@ -64,11 +64,13 @@ class SpatialSoftmax(nn.Module):
 class ImageEncoder(nn.Module):
     """(B, 3, H, W) normalised images -> (B, feature_dim)."""
 
-    def __init__(self, widths: tuple[int, ...], feature_dim: int, num_keypoints: int) -> None:
+    def __init__(
+        self, widths: tuple[int, ...], feature_dim: int, num_keypoints: int, stem_pool: bool = True
+    ) -> None:
         super().__init__()
-        self.stem = nn.Sequential(
-            nn.Conv2d(3, widths[0], 7, 2, 3, bias=False), _norm(widths[0]), nn.ReLU(), nn.MaxPool2d(3, 2, 1)
-        )
+        stem = [nn.Conv2d(3, widths[0], 7, 2, 3, bias=False), _norm(widths[0]), nn.ReLU()]
+        # The pool has no weights: a policy saved with it loads the same state dict without it.
+        self.stem = nn.Sequential(*stem, *([nn.MaxPool2d(3, 2, 1)] if stem_pool else []))
         stages, c_in = [], widths[0]
         for i, c_out in enumerate(widths):  # two blocks a stage, as ResNet-18
             stages += [BasicBlock(c_in, c_out, 1 if i == 0 else 2), BasicBlock(c_out, c_out, 1)]

@@ -79,8 +79,8 @@ def is_privileged_control(folder: Path) -> bool:
 
 
 # Fields a policy saved before they existed lacks, with the one value every such policy had: one
-# gripper and one camera, gripper poses, seen through the camera (a fact of its format, not a default
-# that may not describe it).
+# gripper and one camera, gripper poses, seen through the camera, the stem's max-pool (a fact of its
+# format, not a default that may not describe it).
 FIELDS_ADDED_LATER = {
     "grippers": 1,
     "cameras": 1,
@@ -88,6 +88,7 @@ FIELDS_ADDED_LATER = {
     "joint_names": (),
     "scene_state_dim": 0,
     "width_action": "relative",
+    "encoder_stem_pool": True,
 }
 
 # How a trained policy samples, not what it learned: these may differ from training's values.
