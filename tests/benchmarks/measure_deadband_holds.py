@@ -19,7 +19,8 @@ import torch
 
 from policypipe.rollout.episode import LEAD_IN_NS, episode_noise_seed, run_episode
 from policypipe.rollout.report import RolloutStageConfig
-from policypipe.runtime.runner import PolicyRunner, held_by_deadband
+from policypipe.runtime.chunk import held_by_deadband
+from policypipe.runtime.runner import PolicyRunner
 
 LAST_S = 3.0
 

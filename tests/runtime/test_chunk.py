@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from policypipe.runtime.chunk import width_to_send
+from policypipe.runtime.chunk import held_by_deadband, width_to_send
 
 READING = 0.0203  # a 24.3 mm block held, the pads giving 4 mm
 
@@ -26,3 +27,11 @@ def test_a_small_opening_keeps_the_grip_only_while_the_gripper_holds(target, hol
 
 def test_no_deadband_sends_every_target() -> None:
     assert width_to_send(0.0246, READING, True, 0.0) == 0.0246
+
+
+def test_the_runners_rule_holds_unless_the_gripper_reports_holding_nothing() -> None:
+    # Openings from the reading at the chunk's observation: a close, 4 mm and 9.7 mm up, the release.
+    opening = np.array([-0.004, 0.004, 0.0097, 0.0101])
+    assert held_by_deadband(opening, 0.010, True).tolist() == [False, True, True, False]
+    assert held_by_deadband(opening, 0.010, None).tolist() == [False, True, True, False]
+    assert not held_by_deadband(opening, 0.010, False).any()  # a missed close reopens

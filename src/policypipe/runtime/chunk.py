@@ -59,18 +59,34 @@ class ActionChunk:
         return out
 
 
+def opens_within_deadband(opening_m: np.ndarray | float, deadband_m: float) -> np.ndarray | bool:
+    """Whether a change of opening opens the fingers by less than the deadband: the steps the
+    gripper's deadband holds (docs/runtime.md, "The gripper's deadband"). A chunk's small width
+    error would otherwise let a held block go; a real opening, the release, is wider."""
+    return (opening_m > 0.0) & (opening_m < deadband_m)
+
+
+def held_by_deadband(opening: np.ndarray, deadband_m: float, holding: bool | None) -> np.ndarray:
+    """(H,) the steps of a chunk, each an opening `dw` from the reading at its observation, that the
+    runner's deadband turns into none. It keeps a held block held; a gripper that reports holding
+    nothing (a close that missed) opens freely, so that it can try again, and one that reports
+    nothing is held."""
+    return opens_within_deadband(opening, deadband_m) & (holding is not False)
+
+
 def width_to_send(target_m: float, reading_m: float, holding: bool | None, deadband_m: float) -> float:
     """The opening a robot-side loop sends a gripper at an executed step: the chunk's target, or,
     while the gripper reports holding an object, its reading now where the target would open the
     fingers by less than `deadband_m` (the exported policy's `open_deadband_m`).
 
     The runner applies its deadband when it composes a chunk, against the opening at the chunk's
-    observation (`runner.held_by_deadband`). A chunk asked for while the fingers were still open
+    observation (`held_by_deadband`). A chunk asked for while the fingers were still open
     composes its closing widths on the open reading, so that none of its steps opens anything by
     that rule; if its close ends at about the block's width, a step below it grips the block and
     the next, a hair above it, lets it go where it lay. Applied at each step against the reading
-    then, the rule holds that grip too (docs/runtime.md, "The gripper's deadband")."""
-    if holding and reading_m < target_m < reading_m + deadband_m:
+    then, the rule holds that grip too (docs/runtime.md, "The gripper's deadband"). Only on a
+    report of holding: a gripper that reports nothing keeps the runner's rule alone."""
+    if holding is True and opens_within_deadband(target_m - reading_m, deadband_m):
         return reading_m
     return target_m
 

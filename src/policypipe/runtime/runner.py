@@ -30,7 +30,7 @@ from policypipe.dataset.windows import gripper_features, rot6d_to_matrix
 from policypipe.monitor.scores import Calibration, Monitor
 from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.policy.export import load_policy
-from policypipe.runtime.chunk import ActionChunk, GripperTargets
+from policypipe.runtime.chunk import ActionChunk, GripperTargets, held_by_deadband
 from policypipe.runtime.observation import CameraFrames, GripperState, Observation, ObservationError
 from policypipe.runtime.spec import RuntimeSpec
 
@@ -299,13 +299,6 @@ class PolicyRunner(FrameRunner):
             past=past,
             relative=relative,
         )
-
-
-def held_by_deadband(opening: np.ndarray, deadband_m: float, holding: bool | None) -> np.ndarray:
-    """(H,) the steps whose opening `dw` the deadband turns into none: those that open by less than
-    it. It keeps a held block held; a gripper that reports holding nothing (a close that missed)
-    opens freely, so that it can try again."""
-    return (opening > 0.0) & (opening < deadband_m) & (holding is not False)
 
 
 def chosen_frames(frame_ns: np.ndarray, wanted: np.ndarray) -> np.ndarray:
