@@ -19,7 +19,12 @@ from tests.policy.test_diffusion import TINY, batch, fake_stats
     "choices",
     [
         dict(normalization="min_max", normalize_actions_per_step=True, timestep_spacing="trailing"),
-        dict(normalization="mean_std", normalize_actions_per_step=False, timestep_spacing="leading"),
+        dict(
+            normalization="mean_std",
+            normalize_actions_per_step=False,
+            timestep_spacing="leading",
+            encoder_stem_pool=False,
+        ),
     ],
 )
 def test_a_loaded_policy_keeps_its_modes_and_predicts_exactly_what_the_saved_one_did(
@@ -58,7 +63,7 @@ def test_a_policy_saved_before_these_choices_existed_is_refused_with_what_it_lac
 
 def test_a_policy_saved_before_grippers_and_cameras_existed_loads_as_one_of_each(tmp_path: Path) -> None:
     old = asdict(TINY)
-    for key in ("grippers", "cameras", "shared_camera_encoder"):
+    for key in ("grippers", "cameras", "shared_camera_encoder", "encoder_stem_pool"):
         del old[key]
     policy = DiffusionPolicy(TINY)
     state = {k: v.contiguous() for k, v in policy.state_dict().items()}
@@ -76,4 +81,5 @@ def test_a_policy_saved_before_grippers_and_cameras_existed_loads_as_one_of_each
         1,
         False,
     )
+    assert loaded.config.encoder_stem_pool  # every policy had the stem's max-pool before the field
     assert loaded.config == TINY
