@@ -361,3 +361,37 @@ def test_the_event_loss_needs_the_labels_statistics_and_a_policy_that_sees() -> 
         replace(TINY, event_loss_weight=-1.0)
     with pytest.raises(ValueError, match="the privileged control no encoder"):
         replace(TINY, event_loss_weight=1.0, scene_state_dim=8, n_obs_steps=1)
+
+
+@pytest.mark.parametrize("every_camera", [False, True])
+def test_the_event_head_reads_the_scene_cameras_features_only_when_asked(every_camera: bool) -> None:
+    config = replace(TINY, cameras=2, event_loss_weight=1.0, events_from_every_camera=every_camera)
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(config)
+    stats = event_stats()
+    stats["image"]["data/camera1_rgb"] = {"mean": [0.4] * 3, "std": [0.3] * 3}
+    policy.fit_normalizers(stats)
+    b = event_batch()
+    g = torch.Generator().manual_seed(2)
+    b |= {
+        "obs_images_camera1": torch.randint(0, 256, (4, 2, 32, 32, 3), generator=g, dtype=torch.uint8),
+        "obs_valid_camera1": torch.ones(4, 2, dtype=torch.bool),
+    }
+    seen = (2 if every_camera else 1) * TINY.image_feature_dim
+    assert policy.predict_events(torch.zeros(3, seen)).shape == (3, 2, 1, 9)
+    # What pretraining trains and freeze_encoder freezes: the encoders the event head reads.
+    scene_encoder = policy.camera_encoders[0]
+    assert any(m is scene_encoder for m in policy.event_encoders()) == every_camera
+    # The event loss, in pretraining and in training alike, reaches the scene camera's encoder
+    # only when the head reads it.
+    for loss in (policy.compute_event_loss(b), policy.compute_losses(b)["event"]):
+        policy.zero_grad()
+        loss.backward()
+        grad = scene_encoder.stem[0].weight.grad
+        assert (grad is not None and grad.abs().sum() > 0) == every_camera
+        assert policy.encoder.stem[0].weight.grad.abs().sum() > 0
+
+
+def test_reading_every_cameras_features_needs_an_event_head() -> None:
+    with pytest.raises(ValueError, match="set event_loss_weight > 0 for an event head"):
+        replace(TINY, cameras=2, events_from_every_camera=True)

@@ -88,6 +88,40 @@ def test_the_controller_gets_what_a_robot_has_when_it_asks() -> None:
     assert all(115 < rate < 205 for rate in watching.pose_rates)
 
 
+class _SeeingTheScene(DemonstrationReplay):
+    """The scene's demonstration, noting every frame of the scene camera (camera 1) it is sent."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(rollout_scene(seed), CONFIG.frequency_hz)
+        self.scene_frames: dict[int, np.ndarray] = {}
+
+    def act(self, observation, now_ns=None, episode_start_ns=None):
+        scene = observation.cameras[1]
+        self.scene_frames |= dict(zip(scene.frame_ns.tolist(), scene.frames))
+        return super().act(observation, now_ns, episode_start_ns)
+
+
+def test_one_gripper_with_a_scene_camera_sees_the_fixed_view_at_its_rate_in_the_same_episode() -> None:
+    """`sample --scene-camera` policies: the scene camera is camera 1 at 20 Hz, and the episode, its
+    wrist camera and its scene are the ones without it."""
+    config = replace(CONFIG, time_limit_s=4.0, camera_size=(64, 48))
+    seeing = _SeeingTheScene(4)
+    with_it = run_episode(seeing, 4, config, keep_frames=True, scene_camera=True)
+    without = run_episode(
+        DemonstrationReplay(rollout_scene(4), CONFIG.frequency_hz), 4, config, keep_frames=True
+    )
+    assert with_it.duration_s == without.duration_s
+    assert with_it.distance_to_mark_m == without.distance_to_mark_m
+    times = np.array(sorted(seeing.scene_frames))
+    assert 18 < 1e9 * (len(times) - 1) / np.ptp(times) < 20.5
+    # The result's frames are the scene camera's: its clock, and a view in which the table stays
+    # put (the wrist camera's moves with the gripper from the first frame to the last).
+    assert with_it.frame_times_s != without.frame_times_s
+    first, last = (np.asarray(with_it.frames[i], float) for i in (0, -1))
+    wrist_first, wrist_last = (np.asarray(without.frames[i], float) for i in (0, -1))
+    assert np.median(np.abs(last - first)) < 0.5 * np.median(np.abs(wrist_last - wrist_first))
+
+
 class _Recording(DemonstrationReplay):
     """The scene's demonstration, noting every pose and held-object report it is sent."""
 

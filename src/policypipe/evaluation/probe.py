@@ -4,8 +4,9 @@ Offline error can look fine while the encoder has not learnt what the task turns
 the demo's encoder recovered the block's turn on training episodes and not on new ones). The probe
 asks it directly. Each gripper's pose at its next grasp and at its next release, relative to the
 current pose (`dataset.events`: read off the recordings' width and pose streams, so any dataset has
-them), is regressed on camera 0's features (the encoder's output at the centre crop, as inference
-computes it) by ridge regression fitted on the training episodes' frames, and judged on the held-out
+them), is regressed on camera 0's features (every camera's for a policy whose event head reads
+them all, `events_from_every_camera`; the encoders' output at the centre crop, as inference computes
+it) by ridge regression fitted on the training episodes' frames, and judged on the held-out
 episodes' frames: the median position error (mm) and rotation error (degrees, the angle of the
 rotation between the predicted and the recorded pose). A policy trained with the event loss
 (`event_loss_weight`) also has its own head's predictions judged on the same frames.
@@ -49,14 +50,27 @@ def rows_of(root: zarr.Group, episodes: list[int]) -> tuple[np.ndarray, np.ndarr
 
 @torch.no_grad()
 def image_features(policy: DiffusionPolicy, store: Path, rows: np.ndarray) -> np.ndarray:
-    """(N, F) camera 0's features at `rows`, from the centre crop, as inference computes them."""
-    reader = FrameShardReader(store, layout.RGB)
+    """(N, E) what the event head reads at `rows` (`DiffusionPolicy.event_features`: camera 0's
+    features, or every camera's), from the centre crops, as inference computes them."""
+    cameras = policy.config.cameras if policy.config.events_from_every_camera else 1
+    root = zarr.open_group(store, mode="r")
+    readers = [FrameShardReader(store, layout.camera_rgb(k)) for k in range(cameras)]
+    # A camera the dataset masks where it had no frame (convert.on_missing_camera: mask).
+    every_row = np.ones(root[layout.TIMESTAMP].shape[0], bool)
+    valid = [
+        root[layout.camera_valid(k)][:] if layout.camera_valid(k) in root else every_row
+        for k in range(cameras)
+    ]
     was_training = policy.training
     policy.eval()
     out = []
     for start in range(0, len(rows), BATCH):
-        frames = torch.from_numpy(reader.read_many(rows[start : start + BATCH]))
-        out.append(policy.image_features(frames).double().numpy())
+        chunk = rows[start : start + BATCH]
+        batch = {"obs_images": torch.from_numpy(readers[0].read_many(chunk))[:, None]}
+        for k in range(1, cameras):
+            batch[f"obs_images_camera{k}"] = torch.from_numpy(readers[k].read_many(chunk))[:, None]
+            batch[f"obs_valid_camera{k}"] = torch.from_numpy(valid[k][chunk])[:, None]
+        out.append(policy.event_features(batch).double().numpy())
     policy.train(was_training)
     return np.concatenate(out)
 
@@ -110,7 +124,8 @@ def encoder_probe(
     test_rows, test_start = rows_of(root, held_out)
     train_x, test_x = image_features(policy, store, train_rows), image_features(policy, store, test_rows)
     report: dict[str, Any] = {
-        "method": f"ridge ({RIDGE} x frames) on camera 0's standardised features, every {PROBE_STRIDE}th "
+        "method": f"ridge ({RIDGE} x frames) on the event head's standardised features (camera 0's, or "
+        f"every camera's with events_from_every_camera), every {PROBE_STRIDE}th "
         f"frame; medians; start: each episode's first {START_S} s",
     }
     for column, (name, key) in enumerate(

@@ -101,6 +101,11 @@ class PolicyConfig:
     # `stats`. The diffusion head reads the same features, so they learn where the object is, how
     # it is turned and where it goes. 0: the plain diffusion loss, and no head.
     event_loss_weight: float = 0.0
+    # What the event head reads: camera 0's features (false), or every camera's side by side (true),
+    # so that the pretraining and the event loss teach a scene camera's encoder too, and
+    # train.freeze_encoder keeps every camera's encoder as pretrained (docs/rollout.md, "A scene
+    # camera"). One camera: the same either way.
+    events_from_every_camera: bool = False
 
     @property
     def joint_space(self) -> bool:
@@ -164,6 +169,11 @@ class PolicyConfig:
             raise ValueError(
                 "event_loss_weight teaches an image encoder the poses of a gripper's grasps and releases: "
                 "a joint-space policy has no gripper poses and the privileged control no encoder; set it to 0"
+            )
+        if self.events_from_every_camera and not self.event_labels:
+            raise ValueError(
+                "events_from_every_camera says which cameras the event head reads: set event_loss_weight "
+                "> 0 for an event head, or leave it false"
             )
         # Params files reach this through `train_config_from_params`, which says the same in terms
         # of the `policy` section, where the horizon is set; this guards every other way of building

@@ -91,10 +91,12 @@ class DiffusionPolicy(nn.Module):
                 0.02 * torch.randn(config.cameras - 1, config.image_feature_dim)
             )
         if config.event_labels:
-            # Camera 0's features -> each gripper's next grasp and next release pose (normalised):
-            # an auxiliary head that trains the encoder and that inference never reads.
+            # Camera 0's features (every camera's, events_from_every_camera) -> each gripper's next
+            # grasp and next release pose (normalised): an auxiliary head that trains the encoders
+            # and that inference never reads.
+            seen_by_events = config.cameras if config.events_from_every_camera else 1
             self.event_head = nn.Sequential(
-                nn.Linear(config.image_feature_dim, EVENT_HEAD_WIDTH),
+                nn.Linear(seen_by_events * config.image_feature_dim, EVENT_HEAD_WIDTH),
                 nn.Mish(),
                 nn.Linear(EVENT_HEAD_WIDTH, 2 * POSE_DIM * config.grippers),
             )
@@ -243,7 +245,8 @@ class DiffusionPolicy(nn.Module):
     def _condition(
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`condition`, and (B, O, F) camera 0's features (the scene's state for the control)."""
+        """`condition`, and (B, O, E) what the event head reads: camera 0's features, or every
+        camera's side by side (`events_from_every_camera`); the scene's state for the control."""
         if self.config.privileged:
             features = [self.scene_state_normalizer.normalize(batch["obs_scene_state"])]
         else:
@@ -259,7 +262,8 @@ class DiffusionPolicy(nn.Module):
                 self.pose_normalizer.normalize(batch["obs_pose"]),
                 self.width_normalizer.normalize(batch["obs_width"]),
             ]
-        return torch.cat([*features, *lowdim], dim=-1).flatten(1), features[0]
+        seen_by_events = torch.cat(features, dim=-1) if self.config.events_from_every_camera else features[0]
+        return torch.cat([*features, *lowdim], dim=-1).flatten(1), seen_by_events
 
     def image_features(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """(N, H, W, 3) uint8 camera 0 frames -> (N, F) its encoder's features: of a random crop in
@@ -302,13 +306,39 @@ class DiffusionPolicy(nn.Module):
     def compute_event_loss(
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        """The event loss alone, from camera 0's features at the last observation step, without the
-        denoiser: what pretraining the encoder minimises (`training.pretrain`)."""
-        return self._event_loss(batch, self.image_features(batch["obs_images"][:, -1], generator))
+        """The event loss alone, from what the event head reads at the last observation step (camera
+        0's features, or every camera's), without the denoiser: what pretraining the encoders
+        minimises (`training.pretrain`)."""
+        return self._event_loss(batch, self.event_features(batch, generator))
+
+    def event_features(
+        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """(B, E) what the event head reads at the last observation step of `batch`: camera 0's
+        features, or with `events_from_every_camera` every camera's side by side."""
+        features = [self.image_features(batch["obs_images"][:, -1], generator)]
+        if self.config.events_from_every_camera:
+            # Every observation step is encoded and the last kept: the demo observes one.
+            features += [
+                self._camera_features(k, batch, generator)[:, -1] for k in range(1, self.config.cameras)
+            ]
+        return torch.cat(features, dim=-1)
+
+    def event_encoders(self) -> list[nn.Module]:
+        """The encoders whose features the event head reads: what pretraining trains and
+        train.freeze_encoder freezes (camera 0's, and with events_from_every_camera every camera's)."""
+        if (
+            self.config.events_from_every_camera
+            and self.config.cameras > 1
+            and not self.config.shared_camera_encoder
+        ):
+            return [self.encoder, *self.camera_encoders]
+        return [self.encoder]
 
     def predict_events(self, features: torch.Tensor) -> torch.Tensor:
-        """(B, F) camera 0's features -> (B, 2, G, 9) each gripper's predicted pose at its next grasp
-        (index 0) and its next release (1), relative to the current pose, in the dataset's units."""
+        """(B, E) what the event head reads (camera 0's features, or every camera's side by side) ->
+        (B, 2, G, 9) each gripper's predicted pose at its next grasp (index 0) and its next release
+        (1), relative to the current pose, in the dataset's units."""
         out = self.event_normalizer.unnormalize(self.event_head(features))
         return out.view(len(features), 2, self.config.grippers, POSE_DIM)
 

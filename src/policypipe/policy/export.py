@@ -89,6 +89,7 @@ FIELDS_ADDED_LATER = {
     "scene_state_dim": 0,
     "width_action": "relative",
     "encoder_stem_pool": True,
+    "events_from_every_camera": False,
 }
 
 # How a trained policy samples, not what it learned: these may differ from training's values.

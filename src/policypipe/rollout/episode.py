@@ -161,10 +161,17 @@ class _Trajectory:
 
 
 def run_episode(
-    controller: Controller, seed: int, config: RolloutConfig, keep_frames: bool = False
+    controller: Controller,
+    seed: int,
+    config: RolloutConfig,
+    keep_frames: bool = False,
+    scene_camera: bool = False,
 ) -> EpisodeResult:
-    """One episode of the single-gripper task in scene `seed` (`rollout_scene`)."""
-    return run_rig_plan(controller, seed, RigPlan((rollout_scene(seed),)), config, False, keep_frames)
+    """One episode of the single-gripper task in scene `seed` (`rollout_scene`); with `scene_camera`,
+    camera 1 is the fixed scene camera of a one-gripper rig (`sample --scene-camera`), and the
+    result's frames are its."""
+    plan = RigPlan((rollout_scene(seed),))
+    return run_rig_plan(controller, seed, plan, config, scene_camera, keep_frames)
 
 
 def run_rig_plan(

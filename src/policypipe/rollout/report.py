@@ -204,11 +204,12 @@ def _episode(controller: str, seed: int, keep_frames: bool = False) -> EpisodeRe
         # are never executed; a nominal episode of a new scene.
         shadow = controller == "demonstration_replay" and runner.monitor is not None
         chosen = Watched(chosen, runner if shadow else None)
-    if grippers > 1:  # the rig: its scene camera is the camera after the wrist cameras
-        scene_camera = len(runner.spec.cameras) > grippers
+    # A rig's scene camera is the camera after the wrist cameras (one gripper's too: `--scene-camera`).
+    scene_camera = len(runner.spec.cameras) > grippers
+    if grippers > 1:
         result = run_rig_episode(chosen, seed, config, grippers, scene_camera, keep_frames)
     else:
-        result = run_episode(chosen, seed, config, keep_frames=keep_frames)
+        result = run_episode(chosen, seed, config, keep_frames, scene_camera)
     return replace(result, monitor=tuple(chosen.readings))
 
 

@@ -85,9 +85,10 @@ class TrainConfig:
     # Out of memory in the first steps: halve the per-device batch and double grad_accum (the
     # batch per optimizer step is kept), down to this many samples per device.
     min_device_batch: int = 2
-    # Before the diffusion training, this many steps of the event loss alone on the image encoder and
-    # the event head (`training.pretrain`; needs model.event_loss_weight > 0); and whether the encoder
-    # then stays as pretrained (its weights no longer trained).
+    # Before the diffusion training, this many steps of the event loss alone on the image encoder
+    # (every camera's with model.events_from_every_camera) and the event head (`training.pretrain`;
+    # needs model.event_loss_weight > 0); and whether those encoders then stay as pretrained (their
+    # weights no longer trained).
     encoder_pretrain_steps: int = 0
     freeze_encoder: bool = False
     # The exported policy's runner (`runtime.runner`, its spec): a step that asks the fingers to open by

@@ -288,7 +288,8 @@ def _train_once(
         ema.load_state_dict(policy.state_dict())  # the EMA starts from the pretrained weights too
         log.info("encoder pretrained: event loss %.4f -> %.4f", losses[0], losses[-1])
     if config.freeze_encoder:  # it stays as pretrained (the checkpoint of a resumed run holds it)
-        policy.encoder.requires_grad_(False)
+        for encoder in policy.event_encoders():
+            encoder.requires_grad_(False)
     if is_main and resume.replace_run_dir and run_dir.exists():
         shutil.rmtree(run_dir)  # only what resume_point allows: see there
     accelerator.wait_for_everyone()

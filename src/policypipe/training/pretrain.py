@@ -1,9 +1,10 @@
 """Pretraining the image encoder on the recordings' grasps and releases, before the policy trains.
 
 `train.encoder_pretrain_steps` steps of the event loss alone (`DiffusionPolicy.compute_event_loss`:
-camera 0's features -> the next grasp and release poses, `dataset.events`) on the encoder and the
-event head, from the freshly initialised policy; then the diffusion training starts from those
-weights (its EMA too), and with `train.freeze_encoder` without changing the encoder again. The
+camera 0's features, or every camera's with `events_from_every_camera`, -> the next grasp and release
+poses, `dataset.events`) on those encoders and the event head, from the freshly initialised policy;
+then the diffusion training starts from those weights (its EMA too), and with `train.freeze_encoder`
+without changing those encoders again. The
 issue's control for this (docs/rollout.md): an encoder pretrained on the simulator's ground truth
 and frozen took closed-loop success from 4 % to 22 % at the same budget; the labels here come from
 the recordings alone.
@@ -35,9 +36,9 @@ def pretrain_encoder(
     seed: int,
     device: torch.device,
 ) -> list[float]:
-    """Trains `policy`'s encoder and event head on the event loss for `steps` steps in place; the
-    loss of each step."""
-    modules = [policy.encoder, policy.event_head]
+    """Trains `policy`'s event encoders (`event_encoders`) and event head on the event loss for
+    `steps` steps in place; the loss of each step."""
+    modules = [*policy.event_encoders(), policy.event_head]
     optimizer = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=lr)
     generator = torch.Generator().manual_seed(seed + PRETRAIN_SEED_OFFSET)
     sampler = EpochSampler(len(dataset), batch_size, seed + PRETRAIN_SEED_OFFSET)
