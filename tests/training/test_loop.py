@@ -185,7 +185,13 @@ def test_a_run_recorded_before_the_code_path_keys_resumes_on_the_earlier_path_on
     run_training(dataset, run_dir, stop_after=4, **earlier)
     latest = run_dir / "checkpoints" / "latest"
     state = load_checkpoint(latest)
-    for key in [*earlier, "model.event_loss_weight"]:  # the event loss came later still: none
+    # The event loss, the stem's max-pool and the event head's cameras came later still.
+    for key in [
+        *earlier,
+        "model.event_loss_weight",
+        "model.encoder_stem_pool",
+        "model.events_from_every_camera",
+    ]:
         del state.trainer["config"][key]
     save_checkpoint(
         latest, TrainingState(state.model, state.ema, state.optimizer, state.trainer, state.rng_tensors)
