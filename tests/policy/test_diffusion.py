@@ -395,3 +395,29 @@ def test_the_event_head_reads_the_scene_cameras_features_only_when_asked(every_c
 def test_reading_every_cameras_features_needs_an_event_head() -> None:
     with pytest.raises(ValueError, match="set event_loss_weight > 0 for an event head"):
         replace(TINY, cameras=2, events_from_every_camera=True)
+
+
+def test_a_head_conditioned_on_the_events_reads_the_event_heads_predictions_and_never_trains_it() -> None:
+    config = replace(TINY, event_loss_weight=1.0, condition_on_events=True)
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(config)
+    policy.fit_normalizers(event_stats())
+    policy.eval()  # the centre crop: the same features each call
+    b = event_batch()
+    # Per observation step: the features, the 18 predictions (grasp and release, 9 each), pose and width.
+    assert policy.condition(b).shape == (4, config.n_obs_steps * (config.image_feature_dim + 18 + 9 + 1))
+    # The condition carries the head's predictions: other head weights, another condition ...
+    before = policy.condition(b)
+    with torch.no_grad():
+        policy.event_head[-1].bias += 0.5
+    assert not torch.allclose(policy.condition(b), before)
+    # ... and only the event loss trains the head: the denoising loss leaves it without a gradient.
+    policy.zero_grad()
+    policy.compute_losses(b)["diffusion"].backward()
+    assert all(p.grad is None or not p.grad.any() for p in policy.event_head.parameters())
+    assert policy.encoder.stem[0].weight.grad.abs().sum() > 0
+
+
+def test_conditioning_on_the_events_needs_an_event_head() -> None:
+    with pytest.raises(ValueError, match="condition_on_events feeds the event head's predictions"):
+        replace(TINY, condition_on_events=True)

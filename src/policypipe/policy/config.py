@@ -106,6 +106,10 @@ class PolicyConfig:
     # train.freeze_encoder keeps every camera's encoder as pretrained (docs/rollout.md, "A scene
     # camera"). One camera: the same either way.
     events_from_every_camera: bool = False
+    # The diffusion head also reads the event head's predictions (each gripper's next grasp and
+    # release pose, normalised, per observation step): the few numbers the privileged control is
+    # given exactly, here as the encoder sees them. Detached: only the event loss trains the head.
+    condition_on_events: bool = False
 
     @property
     def joint_space(self) -> bool:
@@ -169,6 +173,11 @@ class PolicyConfig:
             raise ValueError(
                 "event_loss_weight teaches an image encoder the poses of a gripper's grasps and releases: "
                 "a joint-space policy has no gripper poses and the privileged control no encoder; set it to 0"
+            )
+        if self.condition_on_events and not self.event_labels:
+            raise ValueError(
+                "condition_on_events feeds the event head's predictions to the diffusion head: set "
+                "event_loss_weight > 0 for an event head, or leave it false"
             )
         if self.events_from_every_camera and not self.event_labels:
             raise ValueError(

@@ -102,6 +102,8 @@ class DiffusionPolicy(nn.Module):
             )
             self.event_normalizer = LowDimNormalizer(2 * POSE_DIM * config.grippers, "mean_std")
         seen = config.scene_state_dim if config.privileged else config.cameras * config.image_feature_dim
+        if config.condition_on_events:
+            seen += 2 * POSE_DIM * config.grippers
         cond_dim = config.n_obs_steps * (seen + config.obs_lowdim_dim)
         self.denoiser = ConditionalUnet1D(
             action_dim,
@@ -238,7 +240,8 @@ class DiffusionPolicy(nn.Module):
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
     ) -> torch.Tensor:
         """(B, O * (C F + 9 G^2 + G)), or (B, O * (C F + D)) in joint space: every camera's image
-        features and the normalised low-dimensional state, per obs step; the privileged control's
+        features and the normalised low-dimensional state, per obs step (with `condition_on_events`
+        the event head's 18 G predictions after the features); the privileged control's
         (B, O * (S + 10)) has the scene's state in place of the features."""
         return self._condition(batch, generator)[0]
 
@@ -263,6 +266,8 @@ class DiffusionPolicy(nn.Module):
                 self.width_normalizer.normalize(batch["obs_width"]),
             ]
         seen_by_events = torch.cat(features, dim=-1) if self.config.events_from_every_camera else features[0]
+        if self.config.condition_on_events:
+            features.append(self.event_head(seen_by_events).detach())
         return torch.cat([*features, *lowdim], dim=-1).flatten(1), seen_by_events
 
     def image_features(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

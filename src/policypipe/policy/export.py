@@ -90,6 +90,7 @@ FIELDS_ADDED_LATER = {
     "width_action": "relative",
     "encoder_stem_pool": True,
     "events_from_every_camera": False,
+    "condition_on_events": False,
 }
 
 # How a trained policy samples, not what it learned: these may differ from training's values.
