@@ -104,11 +104,12 @@ class PolicyConfig:
     # What the event head reads: camera 0's features (false), or every camera's side by side (true),
     # so that the pretraining and the event loss teach a scene camera's encoder too, and
     # train.freeze_encoder keeps every camera's encoder as pretrained (docs/rollout.md, "A scene
-    # camera"). One camera: the same either way.
+    # camera, and the event head's predictions as a condition"). One camera: the same either way.
     events_from_every_camera: bool = False
     # The diffusion head also reads the event head's predictions (each gripper's next grasp and
     # release pose, normalised, per observation step): the few numbers the privileged control is
     # given exactly, here as the encoder sees them. Detached: only the event loss trains the head.
+    # Measured in the same section of docs/rollout.md.
     condition_on_events: bool = False
 
     @property
