@@ -392,6 +392,31 @@ def test_the_event_head_reads_the_scene_cameras_features_only_when_asked(every_c
         assert policy.encoder.stem[0].weight.grad.abs().sum() > 0
 
 
+def test_pretraining_and_the_probe_read_what_the_event_head_reads_in_training() -> None:
+    # Two observation steps, both cameras read: the event head reads the last step's features.
+    config = replace(TINY, cameras=2, event_loss_weight=1.0, events_from_every_camera=True)
+    assert config.n_obs_steps == 2 and config.event_cameras == 2
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(config)
+    stats = event_stats()
+    stats["image"]["data/camera1_rgb"] = {"mean": [0.4] * 3, "std": [0.3] * 3}
+    policy.fit_normalizers(stats)
+    policy.eval()  # the centre crop: the same features each call
+    g = torch.Generator().manual_seed(2)
+    b = event_batch() | {
+        "obs_images_camera1": torch.randint(0, 256, (4, 2, 32, 32, 3), generator=g, dtype=torch.uint8),
+        "obs_valid_camera1": torch.tensor([[True, True], [True, False], [False, True], [True, True]]),
+    }
+    seen = policy.event_features(b)
+    # The features the training loss gives the head at the last step (a missing frame included) ...
+    torch.testing.assert_close(seen, policy._condition(b, None)[1][:, -1])
+    # ... and nothing of an earlier step's frames.
+    earlier = b | {"obs_images_camera1": b["obs_images_camera1"].clone()}
+    earlier["obs_images_camera1"][:, 0] = 255 - earlier["obs_images_camera1"][:, 0]
+    torch.testing.assert_close(policy.event_features(earlier), seen)
+    assert not torch.allclose(policy._condition(earlier, None)[1][:, 0], policy._condition(b, None)[1][:, 0])
+
+
 def test_reading_every_cameras_features_needs_an_event_head() -> None:
     with pytest.raises(ValueError, match="set event_loss_weight > 0 for an event head"):
         replace(TINY, cameras=2, events_from_every_camera=True)

@@ -52,7 +52,7 @@ def rows_of(root: zarr.Group, episodes: list[int]) -> tuple[np.ndarray, np.ndarr
 def image_features(policy: DiffusionPolicy, store: Path, rows: np.ndarray) -> np.ndarray:
     """(N, E) what the event head reads at `rows` (`DiffusionPolicy.event_features`: camera 0's
     features, or every camera's), from the centre crops, as inference computes them."""
-    cameras = policy.config.cameras if policy.config.events_from_every_camera else 1
+    cameras = policy.config.event_cameras
     root = zarr.open_group(store, mode="r")
     readers = [FrameShardReader(store, layout.camera_rgb(k)) for k in range(cameras)]
     # A camera the dataset masks where it had no frame (convert.on_missing_camera: mask).

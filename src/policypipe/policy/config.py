@@ -133,6 +133,12 @@ class PolicyConfig:
         return self.event_loss_weight > 0
 
     @property
+    def event_cameras(self) -> int:
+        """How many cameras the event head reads, from camera 0 on: every one with
+        `events_from_every_camera`, else camera 0 alone."""
+        return self.cameras if self.events_from_every_camera else 1
+
+    @property
     def obs_lowdim_dim(self) -> int:
         """The low-dimensional numbers of one observation step: poses and widths, or the joints."""
         return len(self.joint_names) if self.joint_space else self.obs_pose_dim + self.grippers

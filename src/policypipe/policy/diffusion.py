@@ -94,9 +94,8 @@ class DiffusionPolicy(nn.Module):
             # Camera 0's features (every camera's, events_from_every_camera) -> each gripper's next
             # grasp and next release pose (normalised): an auxiliary head that trains the encoders
             # and that inference never reads.
-            seen_by_events = config.cameras if config.events_from_every_camera else 1
             self.event_head = nn.Sequential(
-                nn.Linear(seen_by_events * config.image_feature_dim, EVENT_HEAD_WIDTH),
+                nn.Linear(config.event_cameras * config.image_feature_dim, EVENT_HEAD_WIDTH),
                 nn.Mish(),
                 nn.Linear(EVENT_HEAD_WIDTH, 2 * POSE_DIM * config.grippers),
             )
@@ -257,7 +256,11 @@ class DiffusionPolicy(nn.Module):
             b, o = images.shape[:2]
             features = [self.image_features(images.flatten(0, 1), generator).view(b, o, -1)]
         for k in range(1, self.config.cameras):
-            features.append(self._camera_features(k, batch, generator))
+            features.append(
+                self._camera_features(
+                    k, batch[f"obs_images_camera{k}"], batch[f"obs_valid_camera{k}"], generator
+                )
+            )
         if self.config.joint_space:
             lowdim = [self.state_normalizer.normalize(batch["obs_state"])]
         else:
@@ -265,7 +268,7 @@ class DiffusionPolicy(nn.Module):
                 self.pose_normalizer.normalize(batch["obs_pose"]),
                 self.width_normalizer.normalize(batch["obs_width"]),
             ]
-        seen_by_events = torch.cat(features, dim=-1) if self.config.events_from_every_camera else features[0]
+        seen_by_events = torch.cat(features[: self.config.event_cameras], dim=-1)
         if self.config.condition_on_events:
             features.append(self.event_head(seen_by_events).detach())
         return torch.cat([*features, *lowdim], dim=-1).flatten(1), seen_by_events
@@ -276,17 +279,16 @@ class DiffusionPolicy(nn.Module):
         return self.encoder(self._pixels(images, self.image_normalizer, generator))
 
     def _camera_features(
-        self, k: int, batch: dict[str, torch.Tensor], generator: torch.Generator | None
+        self, k: int, images: torch.Tensor, valid: torch.Tensor, generator: torch.Generator | None
     ) -> torch.Tensor:
-        """(B, O, F) camera k's features, its learned absent embedding where it has no frame."""
-        images = batch[f"obs_images_camera{k}"]
+        """(B, O, F) camera k's features of its (B, O, H, W, 3) uint8 frames, its learned absent
+        embedding where (B, O) `valid` says it has no frame."""
         b, o = images.shape[:2]
         normalizer = self.camera_image_normalizers[k - 1]
         encoder = self.encoder if self.config.shared_camera_encoder else self.camera_encoders[k - 1]
         pixels = self._pixels(images.flatten(0, 1), normalizer, generator)
         features = encoder(pixels).view(b, o, -1)
-        valid = batch[f"obs_valid_camera{k}"].bool()[..., None]
-        return torch.where(valid, features, self.absent_camera[k - 1].expand_as(features))
+        return torch.where(valid.bool()[..., None], features, self.absent_camera[k - 1].expand_as(features))
 
     def compute_loss(
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
@@ -322,21 +324,16 @@ class DiffusionPolicy(nn.Module):
         """(B, E) what the event head reads at the last observation step of `batch`: camera 0's
         features, or with `events_from_every_camera` every camera's side by side."""
         features = [self.image_features(batch["obs_images"][:, -1], generator)]
-        if self.config.events_from_every_camera:
-            # Every observation step is encoded and the last kept: the demo observes one.
-            features += [
-                self._camera_features(k, batch, generator)[:, -1] for k in range(1, self.config.cameras)
-            ]
+        for k in range(1, self.config.event_cameras):
+            # The last step's frames alone: the earlier ones would be encoded for nothing.
+            images, valid = batch[f"obs_images_camera{k}"][:, -1:], batch[f"obs_valid_camera{k}"][:, -1:]
+            features.append(self._camera_features(k, images, valid, generator)[:, 0])
         return torch.cat(features, dim=-1)
 
     def event_encoders(self) -> list[nn.Module]:
         """The encoders whose features the event head reads: what pretraining trains and
         train.freeze_encoder freezes (camera 0's, and with events_from_every_camera every camera's)."""
-        if (
-            self.config.events_from_every_camera
-            and self.config.cameras > 1
-            and not self.config.shared_camera_encoder
-        ):
+        if self.config.event_cameras > 1 and not self.config.shared_camera_encoder:
             return [self.encoder, *self.camera_encoders]
         return [self.encoder]
 
