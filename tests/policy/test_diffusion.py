@@ -363,20 +363,30 @@ def test_the_event_loss_needs_the_labels_statistics_and_a_policy_that_sees() -> 
         replace(TINY, event_loss_weight=1.0, scene_state_dim=8, n_obs_steps=1)
 
 
-@pytest.mark.parametrize("every_camera", [False, True])
-def test_the_event_head_reads_the_scene_cameras_features_only_when_asked(every_camera: bool) -> None:
+def scene_camera_policy(every_camera: bool) -> DiffusionPolicy:
+    """A fitted two-camera policy with an event head reading camera 0, or both (`every_camera`)."""
     config = replace(TINY, cameras=2, event_loss_weight=1.0, events_from_every_camera=every_camera)
     torch.manual_seed(0)
     policy = DiffusionPolicy(config)
     stats = event_stats()
     stats["image"]["data/camera1_rgb"] = {"mean": [0.4] * 3, "std": [0.3] * 3}
     policy.fit_normalizers(stats)
-    b = event_batch()
+    return policy
+
+
+def scene_camera_batch(valid: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`event_batch` with camera 1's frames, present where the (4, 2) `valid` says."""
     g = torch.Generator().manual_seed(2)
-    b |= {
+    return event_batch() | {
         "obs_images_camera1": torch.randint(0, 256, (4, 2, 32, 32, 3), generator=g, dtype=torch.uint8),
-        "obs_valid_camera1": torch.ones(4, 2, dtype=torch.bool),
+        "obs_valid_camera1": valid,
     }
+
+
+@pytest.mark.parametrize("every_camera", [False, True])
+def test_the_event_head_reads_the_scene_cameras_features_only_when_asked(every_camera: bool) -> None:
+    policy = scene_camera_policy(every_camera)
+    b = scene_camera_batch(torch.ones(4, 2, dtype=torch.bool))
     seen = (2 if every_camera else 1) * TINY.image_feature_dim
     assert policy.predict_events(torch.zeros(3, seen)).shape == (3, 2, 1, 9)
     # What pretraining trains and freeze_encoder freezes: the encoders the event head reads.
@@ -394,19 +404,10 @@ def test_the_event_head_reads_the_scene_cameras_features_only_when_asked(every_c
 
 def test_pretraining_and_the_probe_read_what_the_event_head_reads_in_training() -> None:
     # Two observation steps, both cameras read: the event head reads the last step's features.
-    config = replace(TINY, cameras=2, event_loss_weight=1.0, events_from_every_camera=True)
-    assert config.n_obs_steps == 2 and config.event_cameras == 2
-    torch.manual_seed(0)
-    policy = DiffusionPolicy(config)
-    stats = event_stats()
-    stats["image"]["data/camera1_rgb"] = {"mean": [0.4] * 3, "std": [0.3] * 3}
-    policy.fit_normalizers(stats)
+    policy = scene_camera_policy(every_camera=True)
+    assert policy.config.n_obs_steps == 2 and policy.config.event_cameras == 2
     policy.eval()  # the centre crop: the same features each call
-    g = torch.Generator().manual_seed(2)
-    b = event_batch() | {
-        "obs_images_camera1": torch.randint(0, 256, (4, 2, 32, 32, 3), generator=g, dtype=torch.uint8),
-        "obs_valid_camera1": torch.tensor([[True, True], [True, False], [False, True], [True, True]]),
-    }
+    b = scene_camera_batch(torch.tensor([[True, True], [True, False], [False, True], [True, True]]))
     seen = policy.event_features(b)
     # The features the training loss gives the head at the last step (a missing frame included) ...
     torch.testing.assert_close(seen, policy._condition(b, None)[1][:, -1])
