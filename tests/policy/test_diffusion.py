@@ -113,11 +113,11 @@ class Oracle(torch.nn.Module):
 
     def __init__(self, policy: DiffusionPolicy, clean: torch.Tensor) -> None:
         super().__init__()
-        self.scheduler, self.kind, self.clean = policy.train_scheduler, policy.config.prediction_type, clean
+        self.schedule, self.kind, self.clean = policy.noise_schedule, policy.config.prediction_type, clean
 
     def forward(self, noisy: torch.Tensor, steps: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        scheduler, kind = self.scheduler, self.kind
-        alpha_bar = scheduler.alphas_cumprod[steps].view(-1, 1, 1)
+        schedule, kind = self.schedule, self.kind
+        alpha_bar = schedule.alphas_cumprod[steps].view(-1, 1, 1)
         noise = (noisy - alpha_bar.sqrt() * self.clean) / (
             1 - alpha_bar
         ).sqrt()  # what this sample's noise must be
@@ -125,7 +125,7 @@ class Oracle(torch.nn.Module):
             return noise
         if kind == "sample":
             return self.clean
-        return scheduler.get_velocity(self.clean, noise, steps)
+        return schedule.velocity(self.clean, noise, steps)
 
 
 @pytest.mark.parametrize("kind", ["epsilon", "sample", "v_prediction"])
@@ -183,8 +183,8 @@ class Recorder(torch.nn.Module):
 @pytest.mark.parametrize(
     ("spacing", "train_steps", "inference_steps", "expected"),
     [
-        # Lin et al., "Common Diffusion Noise Schedules and Sample Steps are Flawed", Table 2 (which
-        # diffusers' DDIMScheduler cites), 0-based as diffusers counts.
+        # Lin et al., "Common Diffusion Noise Schedules and Sample Steps are Flawed", Table 2,
+        # 0-based as the diffusion steps are counted here.
         ("leading", 1000, 10, [900, 800, 700, 600, 500, 400, 300, 200, 100, 0]),
         ("trailing", 1000, 10, [999, 899, 799, 699, 599, 499, 399, 299, 199, 99]),
         # The demo's 100 training and 20 inference steps; 16, the reference's count, with leading.
@@ -206,7 +206,7 @@ def test_sampling_visits_the_diffusion_steps_of_its_timestep_spacing(
 
 
 def test_trailing_spacing_refuses_a_step_count_that_would_sample_at_the_wrong_noise_level() -> None:
-    # diffusers' DDIM always steps down by num_train_timesteps // num_inference_steps: trailing
+    # The DDIM step always steps down by num_train_timesteps // num_inference_steps: trailing
     # 16 of 100 would visit 99, 93, 87, 80 but land on 81 before it asks the network about 80.
     with pytest.raises(
         ValueError, match=r"num_inference_steps 16 must divide num_train_timesteps 100.*10, 20, 25"

@@ -37,7 +37,7 @@ def test_a_loaded_policy_keeps_its_modes_and_predicts_exactly_what_the_saved_one
     save_policy(tmp_path / "policy", policy, {})
     loaded = load_policy(tmp_path / "policy")
     assert {k: getattr(loaded.config, k) for k in choices} == choices
-    assert loaded.inference_scheduler.config.clip_sample == (choices["normalization"] == "min_max")
+    assert loaded.noise_schedule.clip == (choices["normalization"] == "min_max")
     assert torch.equal(loaded.action_normalizer.scale, policy.action_normalizer.scale)
     data = batch()
     expected = policy.predict_action(data, torch.Generator().manual_seed(4))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from policypipe.dataset.windows import ACTION_DIM, POSE_DIM
 
 PREDICTION_TYPES = ("epsilon", "sample", "v_prediction")
+BETA_SCHEDULES = ("squaredcos_cap_v2", "linear")
 NORMALIZATIONS = ("min_max", "mean_std")
 TIMESTEP_SPACINGS = ("trailing", "leading")
 WIDTH_ACTIONS = ("relative", "absolute")
@@ -63,14 +64,15 @@ class PolicyConfig:
     kernel_size: int = 5
     n_groups: int = 8
     diffusion_step_embed_dim: int = 128
-    # Diffusion: DDPM training, DDIM inference.
+    # Diffusion: DDPM training, DDIM inference (`noise_schedule`). beta_schedule: "squaredcos_cap_v2"
+    # (Nichol & Dhariwal's squared cosine, the reference's) or "linear" (Ho et al.'s).
     num_train_timesteps: int = 100
     num_inference_steps: int = 20
     beta_schedule: str = "squaredcos_cap_v2"
-    # Which DDIM steps inference visits (diffusers' `timestep_spacing`): "trailing" starts at the
+    # Which DDIM steps inference visits (diffusers' name, `timestep_spacing`): "trailing" starts at the
     # last training step (pure noise, as sampling starts), "leading" at a multiple of
     # num_train_timesteps // num_inference_steps (90 of 100 for 16 steps), where some signal is
-    # left that the Gaussian start does not have. diffusers' DDIM step always lands
+    # left that the Gaussian start does not have. The DDIM step (`noise_schedule`) always lands
     # num_train_timesteps // num_inference_steps below the current step: with "trailing" and a
     # count that does not divide num_train_timesteps (16 of 100: 99, 93, 87, 80, ...) it would land
     # on 81 while the next step is evaluated at 80, so such a count is refused.
@@ -229,6 +231,8 @@ class PolicyConfig:
             raise ValueError(
                 f"prediction_type must be one of {PREDICTION_TYPES}, got {self.prediction_type!r}"
             )
+        if self.beta_schedule not in BETA_SCHEDULES:
+            raise ValueError(f"beta_schedule must be one of {BETA_SCHEDULES}, got {self.beta_schedule!r}")
         if not 1 <= self.num_inference_steps <= self.num_train_timesteps:
             raise ValueError("num_inference_steps must be in 1..num_train_timesteps")
         if self.timestep_spacing == "trailing" and self.num_train_timesteps % self.num_inference_steps:

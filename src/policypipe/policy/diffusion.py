@@ -4,7 +4,7 @@ Training (DDPM): noise a normalised action chunk at a random diffusion step and 
 noise (epsilon prediction), the clean chunk or the velocity, as `prediction_type` says.
 Inference (DDIM): start from Gaussian noise and denoise in `num_inference_steps` steps, at the
 diffusion steps `timestep_spacing` picks; with min/max normalization each step clips its
-estimate of the clean chunk to [-1, 1]. The schedules come from diffusers.
+estimate of the clean chunk to [-1, 1]. The noise levels and both steps: `noise_schedule`.
 
 Batch layout, with B batch, O = n_obs_steps, T = horizon, G grippers (`config.grippers`):
   obs_images   uint8 (B, O, H, W, 3)   camera 0
@@ -34,13 +34,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from diffusers import DDIMScheduler, DDPMScheduler
 from torch import nn
 
 from policypipe.dataset import events
 from policypipe.dataset.windows import ACTION_DIM, POSE_DIM
 from policypipe.policy.config import PolicyConfig
 from policypipe.policy.encoder import ImageEncoder
+from policypipe.policy.noise_schedule import NoiseSchedule
 from policypipe.policy.normalizer import ImageNormalizer, LowDimNormalizer
 from policypipe.policy.unet import ConditionalUnet1D
 
@@ -112,23 +112,13 @@ class DiffusionPolicy(nn.Module):
             config.kernel_size,
             config.n_groups,
         )
-        schedule = dict(
-            num_train_timesteps=config.num_train_timesteps,
-            beta_schedule=config.beta_schedule,
-            prediction_type=config.prediction_type,
-        )
-        # Training only noises chunks (add_noise) and reads the velocity target (get_velocity);
-        # DDPM's own sampling step, where its clipping and spacing would act, is never called.
-        self.train_scheduler = DDPMScheduler(**schedule, clip_sample=False)
         # Min/max-normalised training actions lie in [-1, 1], so each DDIM step clips its estimate
         # of the clean chunk there (the reference's setting); standardised ones are not bounded.
-        # set_alpha_to_one: the last step, whatever the spacing, returns that clipped estimate.
-        self.inference_scheduler = DDIMScheduler(
-            **schedule,
-            clip_sample=config.normalization == "min_max",
-            clip_sample_range=1.0,
-            set_alpha_to_one=True,
-            timestep_spacing=config.timestep_spacing,
+        self.noise_schedule = NoiseSchedule(
+            config.num_train_timesteps,
+            config.beta_schedule,
+            config.prediction_type,
+            clip=config.normalization == "min_max",
         )
 
     def fit_normalizers(self, stats: dict[str, Any]) -> None:
@@ -366,7 +356,7 @@ class DiffusionPolicy(nn.Module):
         steps = torch.randint(
             0, self.config.num_train_timesteps, (len(actions),), generator=generator, device="cpu"
         ).to(device)
-        noisy = self.train_scheduler.add_noise(actions, noise, steps)
+        noisy = self.noise_schedule.add_noise(actions, noise, steps)
         return F.mse_loss(self.denoiser(noisy, steps, cond), self._target(actions, noise, steps))
 
     def _target(self, actions: torch.Tensor, noise: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
@@ -375,7 +365,7 @@ class DiffusionPolicy(nn.Module):
             return noise
         if kind == "sample":
             return actions
-        return self.train_scheduler.get_velocity(actions, noise, steps)
+        return self.noise_schedule.velocity(actions, noise, steps)
 
     def forward(
         self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
@@ -399,11 +389,10 @@ class DiffusionPolicy(nn.Module):
         sample = torch.randn(
             (b, self.config.horizon, self.config.action_dim), generator=generator, device="cpu"
         ).to(cond.device)
-        scheduler = self.inference_scheduler
-        scheduler.set_timesteps(self.config.num_inference_steps)
-        for t in scheduler.timesteps:
-            eps = self.denoiser(sample, torch.full((b,), int(t), device=cond.device), cond)
-            sample = scheduler.step(eps, t, sample).prev_sample
+        count = self.config.num_inference_steps
+        for step in self.noise_schedule.inference_steps(count, self.config.timestep_spacing):
+            output = self.denoiser(sample, torch.full((b,), step, device=cond.device), cond)
+            sample = self.noise_schedule.ddim_step(output, step, sample, count)
         actions = self.unnormalize_actions(sample)
         if self.config.width_action == "absolute":  # back to the dataset's: the change from the current
             actions = actions - self._width_shift(batch["obs_width"])
