@@ -58,6 +58,19 @@ if "PYTEST_XDIST_WORKER" in os.environ:
         os.environ.setdefault(variable, "1")
 
 
+# Session fixtures too costly to build in each test process: the tests that use one run in one
+# process (`make test` distributes with --dist loadgroup), which builds it once. pipeline_repo is
+# a whole `dvc repro`, about 40 s on a loaded 2-core machine.
+SHARED_IN_ONE_PROCESS = ("pipeline_repo",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in SHARED_IN_ONE_PROCESS:
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(fixture))
+
+
 # Inherited by every process this session starts (tests/leftovers.py): a test's leftover is found
 # by it, even reparented, and killed, and the test fails.
 SESSION = uuid.uuid4().hex
