@@ -1,12 +1,14 @@
-"""Would a memory of the episode's first frame place the block better? An offline screen (docs/rollout.md,
-"A memory of where the mark was, screened offline").
+"""Offline screens of what a policy's image features know of the task, before a lever is built
+(docs/rollout.md: "A memory of where the mark was, screened offline" and "Where the features place
+the block near the grasp").
 
-At the grasp the mark is out of the wrist camera's view in about half of the sample's plans, and a
-one-step policy then has only the current frame to find it in. Before building a policy that keeps
-its first frame, this asks whether that frame would tell it more. Over the frames of the carry (no
-grasp ahead, a release ahead: the block is held), the next release's pose relative to the current
-one is predicted from the policy's image features (`evaluation.probe.image_features`) three ways,
-by the probe's ridge regression fitted on the training episodes and judged on the test side:
+**mark-memory.** At the grasp the mark is out of the wrist camera's view in about half of the
+sample's plans, and a one-step policy then has only the current frame to find it in. Before a
+policy that keeps its first frame is built, this asks whether that frame would tell it more. Over
+the frames of the carry (no grasp ahead, a release ahead: the block is held), the next release's
+pose relative to the current one is predicted from the policy's image features
+(`evaluation.probe.image_features`) three ways, by the probe's ridge regression fitted on the
+training episodes and judged on the test side:
 
   now     the current frame's features: what the one-step policy has
   memory  the episode's first frame's features -> the release relative to the first frame's pose
@@ -15,8 +17,16 @@ by the probe's ridge regression fitted on the training episodes and judged on th
           its first frame could know of the mark
   both    the current and the first frame's features and the first pose relative to the current
 
-    python -m tests.benchmarks.measure_mark_memory POLICY [POLICY ...] --dataset STORE --stats STATS \
-        --out results.jsonl
+**grasp-sight.** The largest share of the failures closes on nothing: the fingers close off the
+block. The encoder probe reports the next grasp's pose in the first second, where the block is far;
+this asks what the features know of it as the fingers close in. Over every other held-out frame
+with a grasp ahead, binned by how far that grasp is from the gripper, the median error of the next
+grasp's position and rotation from the policy's own event head and from the probe's ridge
+regression on its features (`evaluation.probe`), beside what "the grasp is here" would be off (the
+distance itself).
+
+    python -m tests.benchmarks.screen_features mark-memory|grasp-sight POLICY [POLICY ...] \
+        --dataset STORE --stats STATS --out results.jsonl
 
 One line per policy is appended to `--out` as it finishes.
 """
@@ -37,6 +47,11 @@ from policypipe.dataset.windows import POSE_DIM, episode_bounds, relative_poses,
 from policypipe.evaluation.probe import PROBE_STRIDE, image_features, pose_errors, ridge, ridge_predict
 from policypipe.policy.export import load_policy
 
+# grasp-sight: the distance from the gripper to the next grasp, millimetres, [low, high) per bin;
+# every GRASP_SIGHT_STRIDE-th frame (the last 2 cm pass in a few frames).
+BINS_MM = ((0, 20), (20, 50), (50, 100), (100, 200), (200, None))
+GRASP_SIGHT_STRIDE = 2
+
 
 def carry_rows(root: zarr.Group, valid: np.ndarray, episodes: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """Every PROBE_STRIDE-th row of `episodes` in which the block is held (no grasp ahead, a release
@@ -56,7 +71,7 @@ def compose(outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
     return np.concatenate([position, rot6d(rotation @ rot6d_to_matrix(inner[:, 3:]))], axis=1)
 
 
-def screen(policy_dir: Path, store: Path, stats: dict) -> dict:
+def mark_memory(policy_dir: Path, store: Path, stats: dict) -> dict:
     policy = load_policy(policy_dir)
     root = zarr.open_group(store, mode="r")
     labels = events.event_labels(root, stats["events"])
@@ -104,8 +119,44 @@ def screen(policy_dir: Path, store: Path, stats: dict) -> dict:
     return report
 
 
+def grasp_rows(root: zarr.Group, valid: np.ndarray, episodes: list[int]) -> np.ndarray:
+    first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
+    rows = np.concatenate([np.arange(first[e], last[e] + 1, GRASP_SIGHT_STRIDE) for e in episodes])
+    return rows[valid[rows, 0]]
+
+
+def grasp_sight(policy_dir: Path, store: Path, stats: dict) -> dict:
+    policy = load_policy(policy_dir)
+    if not policy.config.event_labels:
+        raise SystemExit(f"{policy_dir}: trained without the event head (train.model.event_loss_weight 0)")
+    root = zarr.open_group(store, mode="r")
+    labels = events.event_labels(root, stats["events"])
+    grasp = labels[events.NEXT_GRASP][:, :POSE_DIM].astype(np.float64)
+    train = grasp_rows(root, labels[events.VALID], stats["split"]["train"])
+    test = grasp_rows(root, labels[events.VALID], stats["split"]["test"])
+    train_x, test_x = image_features(policy, store, train), image_features(policy, store, test)
+    probe = ridge_predict(ridge(train_x, grasp[train]), test_x)
+    with torch.no_grad():
+        head = policy.predict_events(torch.from_numpy(test_x).float())[:, 0, 0].double().numpy()
+    errors = {"probe": pose_errors(probe, grasp[test]), "event_head": pose_errors(head, grasp[test])}
+    distance_mm = 1000 * np.linalg.norm(grasp[test, :3], axis=1)
+    report = {"policy": str(policy_dir), "frames": len(test), "bins": {}}
+    for low, high in BINS_MM:
+        keep = (distance_mm >= low) & (distance_mm < (high if high is not None else np.inf))
+        entry = {"frames": int(keep.sum()), "here_mm": round(float(np.median(distance_mm[keep])), 1)}
+        for name, (position_mm, rotation_deg) in errors.items():
+            entry[f"{name}_mm"] = round(float(np.median(position_mm[keep])), 1)
+            entry[f"{name}_deg"] = round(float(np.median(rotation_deg[keep])), 1)
+        report["bins"][f"{low}-{high or 'more'} mm"] = entry
+    return report
+
+
+SCREENS = {"mark-memory": mark_memory, "grasp-sight": grasp_sight}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("screen", choices=sorted(SCREENS))
     parser.add_argument("policies", nargs="+", type=Path)
     parser.add_argument("--dataset", type=Path, required=True)
     parser.add_argument("--stats", type=Path, required=True)
@@ -114,7 +165,7 @@ def main() -> None:
     torch.set_num_threads(2)
     stats = json.loads(args.stats.read_text())
     for policy_dir in args.policies:
-        report = screen(policy_dir, args.dataset, stats)
+        report = {"screen": args.screen, **SCREENS[args.screen](policy_dir, args.dataset, stats)}
         print(json.dumps(report))
         with args.out.open("a") as out:
             out.write(json.dumps(report) + "\n")
