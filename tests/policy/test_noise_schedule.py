@@ -49,7 +49,8 @@ def test_a_noised_chunk_and_its_velocity_give_back_the_chunk_and_the_noise() -> 
 
 
 def test_inference_steps_leave_the_schedule_as_it_was_for_the_next_caller() -> None:
-    """A server answers requests of one policy concurrently: nothing of one sampling may stay behind."""
+    """Sampling with one step count leaves nothing behind for the next with another (diffusers' DDIM
+    scheduler kept the count of its last `set_timesteps`)."""
     schedule = NoiseSchedule(100, "squaredcos_cap_v2", "epsilon", clip=True)
     assert schedule.inference_steps(4, "trailing") == [99, 74, 49, 24]
     assert schedule.inference_steps(20, "leading")[:3] == [95, 90, 85]
