@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load, save
 
 from policypipe.policy.config import PolicyConfig
-from policypipe.policy.diffusion import DiffusionPolicy
+from policypipe.policy.diffusion import DiffusionPolicy, near_label_weights
 
 TINY = PolicyConfig(
     horizon=8,
@@ -344,6 +344,50 @@ def test_the_event_loss_trains_the_encoder_towards_the_labels_that_exist_and_not
     assert loss.item() < 0.5 * first
 
 
+def test_the_near_weights_favour_labels_near_their_event_and_average_one() -> None:
+    # Two samples' labels [grasp, release], 0, 5, 15 cm from their events, and one that does not exist.
+    distance = torch.tensor([[0.0, 0.05], [0.15, 0.10]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]]).repeat_interleave(9, dim=-1)
+    weight = near_label_weights(distance, mask, near_m=0.05).view(2, 2, 9)
+    # near / (distance + near): 1, 1/2, 1/4, each the same over a label's nine numbers ...
+    assert torch.equal(weight, weight[..., :1].expand(2, 2, 9))
+    per_label = weight[..., 0]
+    assert per_label[0, 0] / per_label[0, 1] == pytest.approx(2.0)
+    assert per_label[0, 1] / per_label[1, 0] == pytest.approx(2.0)
+    # ... nothing for the label that does not exist, and a mean of 1 over those that do.
+    assert per_label[1, 1] == 0
+    assert weight.sum().item() == pytest.approx(mask.sum().item())
+
+
+def test_the_near_weighted_event_loss_counts_a_near_labels_error_more_than_a_far_ones() -> None:
+    torch.manual_seed(0)
+    plain = DiffusionPolicy(replace(TINY, event_loss_weight=1.0))
+    plain.fit_normalizers(event_stats())
+    near = DiffusionPolicy(replace(TINY, event_loss_weight=1.0, event_loss_near_m=0.05))
+    near.load_state_dict(plain.state_dict())
+    plain.eval(), near.eval()  # the centre crop: the same features each call
+    b = event_batch()
+    # Every label 10 cm from its event: the weights are all 1, the loss the plain one.
+    for key in ("event_next_grasp", "event_next_release"):
+        b[key][..., :3] = torch.tensor([0.0, 0.1, 0.0])
+    assert near.compute_event_loss(b).item() == pytest.approx(plain.compute_event_loss(b).item(), rel=1e-6)
+
+    # Sample 0's next grasp 1 cm away, sample 2's 30 cm: the same error in either's turn (which
+    # leaves the distances, so the weights, as they are) costs 35/6 times as much near as far,
+    # relative to the plain loss.
+    b["event_next_grasp"][0, -1, :3] = torch.tensor([0.01, 0.0, 0.0])
+    b["event_next_grasp"][2, -1, :3] = torch.tensor([0.0, 0.0, 0.3])
+
+    def cost_of_an_error(policy: DiffusionPolicy, sample: int) -> float:
+        turned = dict(b, event_next_grasp=b["event_next_grasp"].clone())
+        turned["event_next_grasp"][sample, -1, 3:] += 0.5
+        return policy.compute_event_loss(turned).item() - policy.compute_event_loss(b).item()
+
+    ratio_near = cost_of_an_error(near, 0) / cost_of_an_error(near, 2)
+    ratio_plain = cost_of_an_error(plain, 0) / cost_of_an_error(plain, 2)
+    assert ratio_near / ratio_plain == pytest.approx((0.3 + 0.05) / (0.01 + 0.05), rel=1e-3)
+
+
 def test_a_policy_without_the_event_loss_has_no_head_and_one_with_it_predicts_poses() -> None:
     assert not any(name.startswith("event") for name in make_policy().state_dict())
     policy = DiffusionPolicy(replace(TINY, event_loss_weight=1.0))
@@ -359,6 +403,11 @@ def test_the_event_loss_needs_the_labels_statistics_and_a_policy_that_sees() -> 
         policy.fit_normalizers(fake_stats())
     with pytest.raises(ValueError, match="event_loss_weight must be a finite number >= 0"):
         replace(TINY, event_loss_weight=-1.0)
+    for bad in (-0.01, float("nan")):
+        with pytest.raises(ValueError, match="event_loss_near_m must be a finite distance >= 0"):
+            replace(TINY, event_loss_weight=1.0, event_loss_near_m=bad)
+    with pytest.raises(ValueError, match="event_loss_near_m weighs the event loss's labels"):
+        replace(TINY, event_loss_near_m=0.05)
     with pytest.raises(ValueError, match="the privileged control no encoder"):
         replace(TINY, event_loss_weight=1.0, scene_state_dim=8, n_obs_steps=1)
 

@@ -185,12 +185,14 @@ def test_a_run_recorded_before_the_code_path_keys_resumes_on_the_earlier_path_on
     run_training(dataset, run_dir, stop_after=4, **earlier)
     latest = run_dir / "checkpoints" / "latest"
     state = load_checkpoint(latest)
-    # The event loss, the stem's max-pool and the event head's cameras came later still.
+    # The event loss, the stem's max-pool, the event head's cameras and its labels' weighting came
+    # later still.
     for key in [
         *earlier,
         "model.event_loss_weight",
         "model.encoder_stem_pool",
         "model.events_from_every_camera",
+        "model.event_loss_near_m",
     ]:
         del state.trainer["config"][key]
     save_checkpoint(

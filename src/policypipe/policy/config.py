@@ -103,6 +103,12 @@ class PolicyConfig:
     # `stats`. The diffusion head reads the same features, so they learn where the object is, how
     # it is turned and where it goes. 0: the plain diffusion loss, and no head.
     event_loss_weight: float = 0.0
+    # Weighs the event loss towards the approach's last centimetres: each label by near / (its
+    # distance + near), the next grasp's by the distance to that grasp and the next release's to
+    # that release, normalised to a mean of 1 over the batch's labels, so that the far frames (two
+    # thirds of the approach, with the largest labels and errors) do not drown the near ones (m;
+    # docs/rollout.md, "Labels that weigh the approach's last centimetres"). 0: every label alike.
+    event_loss_near_m: float = 0.0
     # What the event head reads: camera 0's features (false), or every camera's side by side (true),
     # so that the pretraining and the event loss teach a scene camera's encoder too, and
     # train.freeze_encoder keeps every camera's encoder as pretrained (docs/rollout.md, "A scene
@@ -178,6 +184,15 @@ class PolicyConfig:
             )
         if not (math.isfinite(self.event_loss_weight) and self.event_loss_weight >= 0):
             raise ValueError(f"event_loss_weight must be a finite number >= 0, got {self.event_loss_weight}")
+        if not (math.isfinite(self.event_loss_near_m) and self.event_loss_near_m >= 0):
+            raise ValueError(
+                f"event_loss_near_m must be a finite distance >= 0 (m), got {self.event_loss_near_m}"
+            )
+        if self.event_loss_near_m and not self.event_labels:
+            raise ValueError(
+                "event_loss_near_m weighs the event loss's labels: set event_loss_weight > 0 for an "
+                "event loss, or leave it 0"
+            )
         if self.event_labels and (self.joint_space or self.privileged):
             raise ValueError(
                 "event_loss_weight teaches an image encoder the poses of a gripper's grasps and releases: "

@@ -342,6 +342,9 @@ class DiffusionPolicy(nn.Module):
         # [grasp g0 (9), grasp g1 (9), ..., release g0 (9), ...]
         valid = batch[events.VALID][:, -1].view(-1, g, 2).transpose(1, 2).reshape(-1, 2 * g)
         mask = valid.repeat_interleave(POSE_DIM, dim=-1).to(error.dtype)
+        if self.config.event_loss_near_m > 0:
+            distance = target.view(len(target), 2 * g, POSE_DIM)[..., :3].norm(dim=-1)  # (B, 2 G) m
+            mask = near_label_weights(distance, mask, self.config.event_loss_near_m)
         return (error * mask).sum() / mask.sum().clamp_min(1.0)
 
     def _denoising_loss(
@@ -408,6 +411,15 @@ class DiffusionPolicy(nn.Module):
         if self.config.normalize_actions_per_step:
             return self.action_normalizer.unnormalize(normalized.flatten(-2)).view_as(normalized)
         return self.action_normalizer.unnormalize(normalized)
+
+
+def near_label_weights(distance: torch.Tensor, mask: torch.Tensor, near_m: float) -> torch.Tensor:
+    """The event loss's weights with `event_loss_near_m`: (B, L) each label's distance to its event
+    (m) and the (B, L * 9) 0/1 mask of its valid numbers -> (B, L * 9) weights, near_m / (distance +
+    near_m) a label, scaled so that the valid numbers' weights average 1 (the loss keeps its size
+    whatever the batch's distances); 0 where the mask is."""
+    weight = (near_m / (distance + near_m)).repeat_interleave(POSE_DIM, dim=-1)
+    return mask * weight / (weight * mask).sum().clamp_min(1e-8) * mask.sum()
 
 
 # Hidden units of the event head (`config.event_loss_weight`): small beside the encoder it trains.

@@ -91,6 +91,7 @@ FIELDS_ADDED_LATER = {
     "encoder_stem_pool": True,
     "events_from_every_camera": False,
     "condition_on_events": False,
+    "event_loss_near_m": 0.0,
 }
 
 # How a trained policy samples, not what it learned: these may differ from training's values.

@@ -188,13 +188,15 @@ LATEST = "latest"
 # What a run recorded before these keys were in a run's identity was computed with: such a run
 # resumes with them set so, and is refused, naming them, with other values. The code path's keys
 # (the earlier code path, docs/training.md "Throughput"), the event loss and pretraining (none), the
-# stem's max-pool (always there before), the event head's cameras (camera 0's) and its reader (none).
+# stem's max-pool (always there before), the event head's cameras (camera 0's), its reader (none)
+# and its labels' weighting (every label alike).
 EARLIER_CODE_PATH = {"channels_last": False, "fused_adamw": False}
 RECORDED_BEFORE_KEYS = EARLIER_CODE_PATH | {
     "model.event_loss_weight": 0.0,
     "model.encoder_stem_pool": True,
     "model.events_from_every_camera": False,
     "model.condition_on_events": False,
+    "model.event_loss_near_m": 0.0,
     "encoder_pretrain_steps": 0,
     "freeze_encoder": False,
 }
