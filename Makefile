@@ -43,7 +43,8 @@ demo: $(STAMP)
 # Tests run in TEST_WORKERS processes (pytest-xdist): much of the suite waits on subprocesses,
 # servers and Slurm, so two processes keep 2 cores busy, each computing on one thread
 # (tests/conftest.py). A session fixture is built in each process that needs it, except those the
-# tests that use them share in one process (conftest's SHARED_IN_ONE_PROCESS, --dist loadgroup).
+# tests that use them share in one process (conftest's SHARED_IN_ONE_PROCESS, --dist loadgroup),
+# as a module's tests do where it has a module-scoped fixture (conftest's process_group).
 # TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 PYTEST := PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup

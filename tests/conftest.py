@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _pytest.nodes import coerce_node_id  # pytest 9: an item's id (see pytest_collection_modifyitems)
 from mcap.writer import CompressionType, Writer
 
 from tests.leftovers import MARKER, describe, kill, session_processes, wait_until_gone
@@ -64,11 +65,33 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 SHARED_IN_ONE_PROCESS = ("pipeline_repo",)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        for fixture in SHARED_IN_ONE_PROCESS:
-            if fixture in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(fixture))
+        group = process_group(item)
+        if group is None:
+            continue
+        item.add_marker(pytest.mark.xdist_group(group))
+        if getattr(config.option, "loadgroup", False):  # in an xdist worker, with --dist loadgroup
+            # The scheduler groups by the "@group" suffix of the ids the workers report. xdist 3.8
+            # writes it to item._nodeid, which pytest 9.2 no longer reads (its ids are item._id):
+            # the groups were silently lost, and each process built the fixtures. Written here.
+            item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+
+def process_group(item: pytest.Item) -> str | None:
+    """The test process `item` must share with others (`--dist loadgroup`), if any: the session
+    fixtures above by name; else its module's, where it uses a module-scoped fixture. Such a
+    fixture is built once a module in each test process that runs one of its tests: a sampled,
+    converted checkout or a Slurm training setup (10-30 s each) was built by both processes."""
+    names = getattr(item, "fixturenames", ())
+    for fixture in SHARED_IN_ONE_PROCESS:
+        if fixture in names:
+            return fixture
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(definitions[name][-1].scope == "module" for name in names if name in definitions):
+        return item.nodeid.split("::")[0]
+    return None
 
 
 # Inherited by every process this session starts (tests/leftovers.py): a test's leftover is found

@@ -25,7 +25,10 @@ grasp's position and rotation from the policy's own event head and from the prob
 regression on its features (`evaluation.probe`), beside what "the grasp is here" would be off (the
 distance itself).
 
-    python -m tests.benchmarks.screen_features mark-memory|grasp-sight POLICY [POLICY ...] \
+**release-sight.** The same over the carry (the block held, a release ahead), binned by how far
+the release is: what the features know of the mark as the block comes down on it.
+
+    python -m tests.benchmarks.screen_features mark-memory|grasp-sight|release-sight POLICY [POLICY ...] \
         --dataset STORE --stats STATS --out results.jsonl
 
 One line per policy is appended to `--out` as it finishes.
@@ -119,27 +122,31 @@ def mark_memory(policy_dir: Path, store: Path, stats: dict) -> dict:
     return report
 
 
-def grasp_rows(root: zarr.Group, valid: np.ndarray, episodes: list[int]) -> np.ndarray:
+def approach_rows(root: zarr.Group, valid: np.ndarray, episodes: list[int], event: int) -> np.ndarray:
+    """Every GRASP_SIGHT_STRIDE-th row of `episodes` on the way to the next `event` (0: a grasp
+    ahead; 1: the block held, a release ahead and no grasp before it)."""
     first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
     rows = np.concatenate([np.arange(first[e], last[e] + 1, GRASP_SIGHT_STRIDE) for e in episodes])
-    return rows[valid[rows, 0]]
+    return rows[valid[rows, 0]] if event == 0 else rows[~valid[rows, 0] & valid[rows, 1]]
 
 
-def grasp_sight(policy_dir: Path, store: Path, stats: dict) -> dict:
+def event_sight(policy_dir: Path, store: Path, stats: dict, event: int) -> dict:
+    """The next grasp's (event 0) or release's (1) pose from the event head and the probe, binned by
+    how far it is from the gripper."""
     policy = load_policy(policy_dir)
     if not policy.config.event_labels:
         raise SystemExit(f"{policy_dir}: trained without the event head (train.model.event_loss_weight 0)")
     root = zarr.open_group(store, mode="r")
     labels = events.event_labels(root, stats["events"])
-    grasp = labels[events.NEXT_GRASP][:, :POSE_DIM].astype(np.float64)
-    train = grasp_rows(root, labels[events.VALID], stats["split"]["train"])
-    test = grasp_rows(root, labels[events.VALID], stats["split"]["test"])
+    target = labels[(events.NEXT_GRASP, events.NEXT_RELEASE)[event]][:, :POSE_DIM].astype(np.float64)
+    train = approach_rows(root, labels[events.VALID], stats["split"]["train"], event)
+    test = approach_rows(root, labels[events.VALID], stats["split"]["test"], event)
     train_x, test_x = image_features(policy, store, train), image_features(policy, store, test)
-    probe = ridge_predict(ridge(train_x, grasp[train]), test_x)
+    probe = ridge_predict(ridge(train_x, target[train]), test_x)
     with torch.no_grad():
-        head = policy.predict_events(torch.from_numpy(test_x).float())[:, 0, 0].double().numpy()
-    errors = {"probe": pose_errors(probe, grasp[test]), "event_head": pose_errors(head, grasp[test])}
-    distance_mm = 1000 * np.linalg.norm(grasp[test, :3], axis=1)
+        head = policy.predict_events(torch.from_numpy(test_x).float())[:, event, 0].double().numpy()
+    errors = {"probe": pose_errors(probe, target[test]), "event_head": pose_errors(head, target[test])}
+    distance_mm = 1000 * np.linalg.norm(target[test, :3], axis=1)
     report = {"policy": str(policy_dir), "frames": len(test), "bins": {}}
     for low, high in BINS_MM:
         keep = (distance_mm >= low) & (distance_mm < (high if high is not None else np.inf))
@@ -151,7 +158,15 @@ def grasp_sight(policy_dir: Path, store: Path, stats: dict) -> dict:
     return report
 
 
-SCREENS = {"mark-memory": mark_memory, "grasp-sight": grasp_sight}
+def grasp_sight(policy_dir: Path, store: Path, stats: dict) -> dict:
+    return event_sight(policy_dir, store, stats, event=0)
+
+
+def release_sight(policy_dir: Path, store: Path, stats: dict) -> dict:
+    return event_sight(policy_dir, store, stats, event=1)
+
+
+SCREENS = {"mark-memory": mark_memory, "grasp-sight": grasp_sight, "release-sight": release_sight}
 
 
 def main() -> None:
