@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -56,14 +57,25 @@ BINS_MM = ((0, 20), (20, 50), (50, 100), (100, 200), (200, None))
 GRASP_SIGHT_STRIDE = 2
 
 
-def carry_rows(root: zarr.Group, valid: np.ndarray, episodes: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Every PROBE_STRIDE-th row of `episodes` in which the block is held (no grasp ahead, a release
-    ahead), and the first row of each one's episode."""
+def strided_rows(root: zarr.Group, episodes: list[int], stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every stride-th row of `episodes`, and the first row of each one's episode."""
     first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
-    rows = [np.arange(first[e], last[e] + 1, PROBE_STRIDE) for e in episodes]
+    rows = [np.arange(first[e], last[e] + 1, stride) for e in episodes]
     starts = np.concatenate([np.full(len(r), first[e]) for r, e in zip(rows, episodes)])
-    rows = np.concatenate(rows)
-    held = ~valid[rows, 0] & valid[rows, 1]
+    return np.concatenate(rows), starts
+
+
+def on_the_way_to(valid: np.ndarray, rows: np.ndarray, event: int) -> np.ndarray:
+    """Which `rows` lead to the next `event`: 0, a grasp ahead; 1, the block held (a release ahead
+    and no grasp before it)."""
+    return valid[rows, 0] if event == 0 else ~valid[rows, 0] & valid[rows, 1]
+
+
+def carry_rows(root: zarr.Group, valid: np.ndarray, episodes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Every PROBE_STRIDE-th row of `episodes` in which the block is held, and the first row of each
+    one's episode."""
+    rows, starts = strided_rows(root, episodes, PROBE_STRIDE)
+    held = on_the_way_to(valid, rows, event=1)
     return rows[held], starts[held]
 
 
@@ -123,11 +135,9 @@ def mark_memory(policy_dir: Path, store: Path, stats: dict) -> dict:
 
 
 def approach_rows(root: zarr.Group, valid: np.ndarray, episodes: list[int], event: int) -> np.ndarray:
-    """Every GRASP_SIGHT_STRIDE-th row of `episodes` on the way to the next `event` (0: a grasp
-    ahead; 1: the block held, a release ahead and no grasp before it)."""
-    first, last = episode_bounds(root[layout.EPISODE_ENDS][:])
-    rows = np.concatenate([np.arange(first[e], last[e] + 1, GRASP_SIGHT_STRIDE) for e in episodes])
-    return rows[valid[rows, 0]] if event == 0 else rows[~valid[rows, 0] & valid[rows, 1]]
+    """Every GRASP_SIGHT_STRIDE-th row of `episodes` on the way to the next `event`."""
+    rows, _ = strided_rows(root, episodes, GRASP_SIGHT_STRIDE)
+    return rows[on_the_way_to(valid, rows, event)]
 
 
 def event_sight(policy_dir: Path, store: Path, stats: dict, event: int) -> dict:
@@ -158,15 +168,11 @@ def event_sight(policy_dir: Path, store: Path, stats: dict, event: int) -> dict:
     return report
 
 
-def grasp_sight(policy_dir: Path, store: Path, stats: dict) -> dict:
-    return event_sight(policy_dir, store, stats, event=0)
-
-
-def release_sight(policy_dir: Path, store: Path, stats: dict) -> dict:
-    return event_sight(policy_dir, store, stats, event=1)
-
-
-SCREENS = {"mark-memory": mark_memory, "grasp-sight": grasp_sight, "release-sight": release_sight}
+SCREENS = {
+    "mark-memory": mark_memory,
+    "grasp-sight": partial(event_sight, event=0),
+    "release-sight": partial(event_sight, event=1),
+}
 
 
 def main() -> None:
