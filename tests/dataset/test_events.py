@@ -16,7 +16,9 @@ from policypipe.dataset.windows import WindowConfig
 from policypipe.recordings.streams import Topics, read_streams
 from policypipe.synthetic.export import SampleConfig, write_sample_export
 from policypipe.synthetic.ground_truth import RecordingDraws
+from policypipe.synthetic.simulator import NS
 from tests.dataset.conftest import make_store
+from tests.synthetic.test_takeover import strayed_state, take_over
 
 
 def pick_and_place_width(t: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
@@ -49,9 +51,49 @@ def test_an_episode_without_a_close_or_without_an_open_is_named_with_why() -> No
     closes_only = events.find_events(t, 0.08 - 0.06 * np.clip(t - 1, 0, 1))
     assert "never closes by 10 mm" in events.missing_events(never_closes)
     assert closes_only.grasp_s and "never opens" in events.missing_events(closes_only)
-    # Opening from a gripper that starts closed is not a release: nothing was grasped in the recording.
-    opens_only = events.find_events(t, 0.02 + 0.06 * np.clip(t - 1, 0, 1))
-    assert opens_only == events.Events((), ())
+    # A gripper that opens, closes and stays closed: the opening before the close is not a release.
+    opens_then_closes = events.find_events(
+        t, 0.05 + 0.03 * np.clip(t - 1, 0, 1) - 0.06 * np.clip(t - 3, 0, 1)
+    )
+    assert opens_then_closes.grasp_s and not opens_then_closes.release_s
+    assert "never opens" in events.missing_events(opens_then_closes)
+
+
+def test_a_recording_that_begins_holding_has_its_release_and_no_grasp() -> None:
+    """A correction taken over mid-carry (`policypipe corrections`): the demonstrator's takeover from
+    a state where the simulator's fingers hold the block, its width as the recording has it. It
+    releases at the plan's release, and labels its frames (the next release only)."""
+    for seed in range(24):
+        plan, sim = strayed_state(seed)
+        if sim.state.held:
+            break
+    else:
+        pytest.fail("no strayed state held the block")
+    takeover = take_over(plan, sim, seed)
+    t_ns = np.arange(takeover.start_ns, takeover.end_ns, NS // 45)
+    found = events.find_events((t_ns - t_ns[0]) / 1e9, takeover.width_at(t_ns))
+    assert found.grasp_s == ()
+    (release,) = found.release_s
+    # The plan's fingers start to open at release_s; the rule's release is 2 mm into the opening.
+    assert release == pytest.approx(takeover.release_s + (t_ns[0] - takeover.start_ns) / 1e9, abs=0.15)
+    assert events.missing_events(found) is None
+
+
+def test_a_takeover_from_fingers_closed_on_nothing_grasps_then_releases() -> None:
+    """The takeover opens the closed fingers first: that opening is no release, the grasp and the
+    release after it are the recording's."""
+    for seed in range(24):
+        plan, sim = strayed_state(seed)
+        if not sim.state.held and sim.state.width < 0.02:
+            break
+    else:
+        pytest.fail("no strayed state closed the fingers on nothing")
+    takeover = take_over(plan, sim, seed)
+    t_ns = np.arange(takeover.start_ns, takeover.end_ns, NS // 45)
+    found = events.find_events((t_ns - t_ns[0]) / 1e9, takeover.width_at(t_ns))
+    (grasp,) = found.grasp_s
+    (release,) = found.release_s
+    assert grasp < release == pytest.approx(takeover.release_s, abs=0.15)
 
 
 def test_a_sample_recordings_own_width_stream_gives_its_demonstrators_grasp_and_release(

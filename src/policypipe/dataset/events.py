@@ -12,7 +12,9 @@ hysteresis finds the legs along which the opening moves by at least `MIN_SWING_M
 moving back by as much. A closing leg is a grasp: its time is when the opening first comes within
 `SETTLE_M` of the leg's smallest (the fingers have arrived; a held object stops them there). An
 opening leg that starts from such a closed opening is a release: its time is the last moment the
-opening is still within `SETTLE_M` of the closed one. Times are interpolated linearly between
+opening is still within `SETTLE_M` of the closed one. So is a recording's one movement when it is an
+opening: it began with the fingers closed on what it lets go (a correction taken over mid-carry,
+`policypipe corrections`), and has a release without a grasp. Times are interpolated linearly between
 width samples, on the episode clock. The rule reads widths only: it does not know whether the
 fingers held something (a close on nothing is a grasp too), which the labels do not need.
 
@@ -112,12 +114,16 @@ def find_events(time_s: np.ndarray, width: np.ndarray) -> Events:
     w = np.asarray(width, dtype=np.float64).reshape(-1)
     grasps: list[float] = []
     releases: list[float] = []
-    for start, end in _legs(w, MIN_SWING_M):
+    legs = _legs(w, MIN_SWING_M)
+    for start, end in legs:
         if w[end] < w[start]:  # closing: arrived when first within SETTLE_M of the closed opening
             level = w[end] + SETTLE_M
             first = start + int(np.argmax(w[start : end + 1] <= level))
             grasps.append(_crossing(t, w, first, level))
-        elif grasps:  # opening after a close: released when last within SETTLE_M of the closed one
+        # Opening after a close, or as the recording's only movement (it began holding what it lets
+        # go): released when last within SETTLE_M of the closed one. An opening before a close is
+        # not (a takeover's fingers closed on nothing, opened before the grasp).
+        elif grasps or len(legs) == 1:
             level = w[start] + SETTLE_M
             last = start + int(np.flatnonzero(w[start : end + 1] <= level)[-1])
             releases.append(_crossing(t, w, last + 1, level) if last < end else float(t[last]))
@@ -125,8 +131,9 @@ def find_events(time_s: np.ndarray, width: np.ndarray) -> Events:
 
 
 def missing_events(events: Events) -> str | None:
-    """Why an episode's events cannot label it, or None."""
-    if not events.grasp_s:
+    """Why an episode's events cannot label it, or None. A release without a grasp labels it: the
+    recording began holding (`find_events`), and only its next-grasp labels are absent."""
+    if not events.grasp_s and not events.release_s:
         return f"its gripper width never closes by {MIN_SWING_M * 1000:.0f} mm or more: no grasp"
     if not events.release_s:
         return f"its gripper never opens by {MIN_SWING_M * 1000:.0f} mm or more after closing: no release"
