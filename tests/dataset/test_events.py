@@ -62,7 +62,8 @@ def test_an_episode_without_a_close_or_without_an_open_is_named_with_why() -> No
 def test_a_recording_that_begins_holding_has_its_release_and_no_grasp() -> None:
     """A correction taken over mid-carry (`policypipe corrections`): the demonstrator's takeover from
     a state where the simulator's fingers hold the block, its width as the recording has it. It
-    releases at the plan's release, and labels its frames (the next release only)."""
+    releases where the plan opens the fingers, and the event loss takes it (its frames' next-release
+    labels; none for the next grasp)."""
     for seed in range(24):
         plan, sim = strayed_state(seed)
         if sim.state.held:
@@ -74,8 +75,9 @@ def test_a_recording_that_begins_holding_has_its_release_and_no_grasp() -> None:
     found = events.find_events((t_ns - t_ns[0]) / 1e9, takeover.width_at(t_ns))
     assert found.grasp_s == ()
     (release,) = found.release_s
-    # The plan's fingers start to open at release_s; the rule's release is 2 mm into the opening.
-    assert release == pytest.approx(takeover.release_s + (t_ns[0] - takeover.start_ns) / 1e9, abs=0.15)
+    # The plan's fingers start to open at release_s; the rule's release is 2 mm into that smooth
+    # opening, 0.05-0.08 s later on the sample's plans (docs/dataset.md).
+    assert 0.0 < release - takeover.release_s < 0.1
     assert events.missing_events(found) is None
 
 
@@ -93,7 +95,7 @@ def test_a_takeover_from_fingers_closed_on_nothing_grasps_then_releases() -> Non
     found = events.find_events((t_ns - t_ns[0]) / 1e9, takeover.width_at(t_ns))
     (grasp,) = found.grasp_s
     (release,) = found.release_s
-    assert grasp < release == pytest.approx(takeover.release_s, abs=0.15)
+    assert grasp < release and 0.0 < release - takeover.release_s < 0.1
 
 
 def test_a_sample_recordings_own_width_stream_gives_its_demonstrators_grasp_and_release(
