@@ -18,7 +18,7 @@ from policypipe.synthetic.export import SampleConfig, write_sample_export
 from policypipe.synthetic.ground_truth import RecordingDraws
 from policypipe.synthetic.simulator import NS
 from tests.dataset.conftest import make_store
-from tests.synthetic.test_takeover import strayed_state, take_over
+from tests.synthetic.test_takeover import first_strayed_state, take_over
 
 
 def pick_and_place_width(t: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
@@ -64,12 +64,7 @@ def test_a_recording_that_begins_holding_has_its_release_and_no_grasp() -> None:
     a state where the simulator's fingers hold the block, its width as the recording has it. It
     releases where the plan opens the fingers, and the event loss takes it (its frames' next-release
     labels; none for the next grasp)."""
-    for seed in range(24):
-        plan, sim = strayed_state(seed)
-        if sim.state.held:
-            break
-    else:
-        pytest.fail("no strayed state held the block")
+    plan, sim, seed = first_strayed_state(lambda s: s.held, "held the block")
     takeover = take_over(plan, sim, seed)
     t_ns = np.arange(takeover.start_ns, takeover.end_ns, NS // 45)
     found = events.find_events((t_ns - t_ns[0]) / 1e9, takeover.width_at(t_ns))
@@ -84,12 +79,9 @@ def test_a_recording_that_begins_holding_has_its_release_and_no_grasp() -> None:
 def test_a_takeover_from_fingers_closed_on_nothing_grasps_then_releases() -> None:
     """The takeover opens the closed fingers first: that opening is no release, the grasp and the
     release after it are the recording's."""
-    for seed in range(24):
-        plan, sim = strayed_state(seed)
-        if not sim.state.held and sim.state.width < 0.02:
-            break
-    else:
-        pytest.fail("no strayed state closed the fingers on nothing")
+    plan, sim, seed = first_strayed_state(
+        lambda s: not s.held and s.width < 0.02, "closed the fingers on nothing"
+    )
     takeover = take_over(plan, sim, seed)
     t_ns = np.arange(takeover.start_ns, takeover.end_ns, NS // 45)
     found = events.find_events((t_ns - t_ns[0]) / 1e9, takeover.width_at(t_ns))

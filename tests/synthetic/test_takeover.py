@@ -5,12 +5,13 @@ task in the simulator, with the block on the table or in the fingers."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from policypipe.synthetic.motion import MotionPlan, plan_motion, plan_takeover
+from policypipe.synthetic.motion import GripperAndBlock, MotionPlan, plan_motion, plan_takeover
 from policypipe.synthetic.simulator import NS, Simulator, start_state
 
 PERIOD = NS // 30
@@ -45,6 +46,18 @@ def strayed_state(seed: int) -> tuple[MotionPlan, Simulator]:
     return plan, sim
 
 
+def first_strayed_state(
+    wanted: Callable[[GripperAndBlock], bool], what: str
+) -> tuple[MotionPlan, Simulator, int]:
+    """The first of the 24 strayed states (`strayed_state`) whose simulator state is `wanted`, with
+    its seed."""
+    for seed in range(24):
+        plan, sim = strayed_state(seed)
+        if wanted(sim.state):
+            return plan, sim, seed
+    pytest.fail(f"no strayed state {what}")
+
+
 def take_over(plan: MotionPlan, sim: Simulator, seed: int) -> MotionPlan:
     return plan_takeover(np.random.default_rng(seed), sim.state.t_ns + PERIOD, plan.scene, sim.state)
 
@@ -71,12 +84,7 @@ def test_the_demonstrator_takes_over_where_the_gripper_is_and_finishes_the_task(
 def test_the_held_blocks_drawing_follows_the_simulators_block() -> None:
     """The frames of a takeover with the block in the fingers draw it where the simulator holds it
     (the grip's offset from the TCP), not at the TCP as a plain plan draws it."""
-    for seed in range(24):
-        plan, sim = strayed_state(seed)
-        if sim.state.held:
-            break
-    else:
-        pytest.fail("no strayed state held the block")
+    plan, sim, seed = first_strayed_state(lambda s: s.held, "held the block")
     takeover = take_over(plan, sim, seed)
     assert takeover.attach_s == 0.0
     worst = 0.0
