@@ -33,8 +33,8 @@ from policypipe.rollout.report import RolloutStageConfig
 from policypipe.runtime.runner import PolicyRunner
 from policypipe.synthetic.privileged import SCENE_STATE_NAMES
 from policypipe.synthetic.render import camera_in_world, camera_matrix, project
+from tests.benchmarks.screen_features import BINS_MM  # the offline screens' bins, to compare with
 
-BINS_MM = ((0, 20), (20, 50), (50, 100), (100, 200), (200, None))
 BLOCK = slice(SCENE_STATE_NAMES.index("block_x"), SCENE_STATE_NAMES.index("block_z") + 1)
 MARK = slice(SCENE_STATE_NAMES.index("mark_x"), SCENE_STATE_NAMES.index("mark_z") + 1)
 ROW_COLUMNS = ["event", "error_mm", "distance_mm", "predicted_distance_mm", "height_mm", "time_s"]
