@@ -59,15 +59,21 @@ def test_an_episode_without_a_close_or_without_an_open_is_named_with_why() -> No
     assert "never opens" in events.missing_events(opens_then_closes)
 
 
+def takeover_events(wanted, what: str):
+    """The demonstrator's takeover from the first strayed state that is `wanted`, and the events of its
+    width sampled at 45 Hz from its start, as a recording of it has them."""
+    plan, sim, seed = first_strayed_state(wanted, what)
+    takeover = take_over(plan, sim, seed)
+    t_ns = np.arange(takeover.start_ns, takeover.end_ns, NS // 45)
+    return takeover, events.find_events((t_ns - t_ns[0]) / 1e9, takeover.width_at(t_ns))
+
+
 def test_a_recording_that_begins_holding_has_its_release_and_no_grasp() -> None:
     """A correction taken over mid-carry (`policypipe corrections`): the demonstrator's takeover from
     a state where the simulator's fingers hold the block, its width as the recording has it. It
     releases where the plan opens the fingers, and the event loss takes it (its frames' next-release
     labels; none for the next grasp)."""
-    plan, sim, seed = first_strayed_state(lambda s: s.held, "held the block")
-    takeover = take_over(plan, sim, seed)
-    t_ns = np.arange(takeover.start_ns, takeover.end_ns, NS // 45)
-    found = events.find_events((t_ns - t_ns[0]) / 1e9, takeover.width_at(t_ns))
+    takeover, found = takeover_events(lambda s: s.held, "held the block")
     assert found.grasp_s == ()
     (release,) = found.release_s
     # The plan's fingers start to open at release_s; the rule's release is 2 mm into that smooth
@@ -79,12 +85,9 @@ def test_a_recording_that_begins_holding_has_its_release_and_no_grasp() -> None:
 def test_a_takeover_from_fingers_closed_on_nothing_grasps_then_releases() -> None:
     """The takeover opens the closed fingers first: that opening is no release, the grasp and the
     release after it are the recording's."""
-    plan, sim, seed = first_strayed_state(
+    takeover, found = takeover_events(
         lambda s: not s.held and s.width < 0.02, "closed the fingers on nothing"
     )
-    takeover = take_over(plan, sim, seed)
-    t_ns = np.arange(takeover.start_ns, takeover.end_ns, NS // 45)
-    found = events.find_events((t_ns - t_ns[0]) / 1e9, takeover.width_at(t_ns))
     (grasp,) = found.grasp_s
     (release,) = found.release_s
     assert grasp < release and 0.0 < release - takeover.release_s < 0.1
