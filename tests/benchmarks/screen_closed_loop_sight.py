@@ -33,7 +33,7 @@ from policypipe.rollout.report import RolloutStageConfig
 from policypipe.runtime.runner import PolicyRunner
 from policypipe.synthetic.privileged import SCENE_STATE_NAMES
 from policypipe.synthetic.render import camera_in_world, camera_matrix, project
-from tests.benchmarks.screen_features import BINS_MM  # the offline screens' bins, to compare with
+from tests.benchmarks.screen_features import distance_bins  # the offline screens' bins, to compare with
 
 BLOCK = slice(SCENE_STATE_NAMES.index("block_x"), SCENE_STATE_NAMES.index("block_z") + 1)
 MARK = slice(SCENE_STATE_NAMES.index("mark_x"), SCENE_STATE_NAMES.index("mark_z") + 1)
@@ -80,10 +80,9 @@ class SightOf:
 def binned(rows: list[tuple], event: int) -> dict:
     chosen = np.array([row[1:3] for row in rows if row[0] == event]).reshape(-1, 2)
     out = {}
-    for low, high in BINS_MM:
-        keep = (chosen[:, 1] >= low) & (chosen[:, 1] < (high if high is not None else np.inf))
+    for label, keep in distance_bins(chosen[:, 1]):
         errors = chosen[keep, 0]
-        out[f"{low}-{high or 'more'} mm"] = {
+        out[label] = {
             "requests": int(keep.sum()),
             "median_mm": round(float(np.median(errors)), 1) if len(errors) else None,
             "p75_mm": round(float(np.percentile(errors, 75)), 1) if len(errors) else None,

@@ -140,6 +140,13 @@ def approach_rows(root: zarr.Group, valid: np.ndarray, episodes: list[int], even
     return rows[on_the_way_to(valid, rows, event)]
 
 
+def distance_bins(distance_mm: np.ndarray):
+    """(label, mask) for each of BINS_MM: which of these distances fall in it."""
+    for low, high in BINS_MM:
+        upper = high if high is not None else np.inf
+        yield f"{low}-{high or 'more'} mm", (distance_mm >= low) & (distance_mm < upper)
+
+
 def event_sight(policy_dir: Path, store: Path, stats: dict, event: int) -> dict:
     """The next grasp's (event 0) or release's (1) pose from the event head and the probe, binned by
     how far it is from the gripper."""
@@ -158,13 +165,12 @@ def event_sight(policy_dir: Path, store: Path, stats: dict, event: int) -> dict:
     errors = {"probe": pose_errors(probe, target[test]), "event_head": pose_errors(head, target[test])}
     distance_mm = 1000 * np.linalg.norm(target[test, :3], axis=1)
     report = {"policy": str(policy_dir), "frames": len(test), "bins": {}}
-    for low, high in BINS_MM:
-        keep = (distance_mm >= low) & (distance_mm < (high if high is not None else np.inf))
+    for label, keep in distance_bins(distance_mm):
         entry = {"frames": int(keep.sum()), "here_mm": round(float(np.median(distance_mm[keep])), 1)}
         for name, (position_mm, rotation_deg) in errors.items():
             entry[f"{name}_mm"] = round(float(np.median(position_mm[keep])), 1)
             entry[f"{name}_deg"] = round(float(np.median(rotation_deg[keep])), 1)
-        report["bins"][f"{low}-{high or 'more'} mm"] = entry
+        report["bins"][label] = entry
     return report
 
 
