@@ -90,9 +90,12 @@ def binned(rows: list[tuple], event: int) -> dict:
     return out
 
 
-def mark_in_view(seed: int, camera_size: tuple[int, int]) -> dict[str, bool]:
+def mark_in_view(
+    seed: int, camera_size: tuple[int, int], lift_heights_m: tuple[float, ...] = ()
+) -> dict[str, bool]:
     """Whether the mark's centre is inside the wrist camera's image on the scene's demonstration: at
-    its start, at its grasp, and at the top of its lift (where the carry begins)."""
+    its start, at its grasp, and at the top of its lift (where the carry begins); and at the lift's
+    top raised or lowered to each of `lift_heights_m` (the hand's pose otherwise the same)."""
     plan = rollout_scene(seed)
     lifted_s = next(
         s for s, z in zip(plan.knot_s, plan.knot_position[:, 2]) if s > plan.attach_s and z > LIFTED_M
@@ -100,8 +103,12 @@ def mark_in_view(seed: int, camera_size: tuple[int, int]) -> dict[str, bool]:
     k = camera_matrix(*camera_size)
     mark = np.array([[*plan.scene.place_xy, 0.0]])
     seen = {}
-    for name, at_s in (("start", 0.0), ("grasp", plan.attach_s), ("lifted", lifted_s)):
+    moments = [("start", 0.0, None), ("grasp", plan.attach_s, None), ("lifted", lifted_s, None)]
+    moments += [(f"lifted to {1000 * z:.0f} mm", lifted_s, z) for z in lift_heights_m]
+    for name, at_s, height_m in moments:
         position, quaternion = plan.pose_at(np.array([plan.start_ns + int(round(at_s * 1e9))]))
+        if height_m is not None:
+            position[:, 2] = height_m
         rotation, centre = camera_in_world(position, quaternion)
         (u, v), depth = (a[0] for a in project(mark, rotation[0], centre[0], k))
         seen[name] = bool(depth > 0 and 0 <= u < camera_size[0] and 0 <= v < camera_size[1])
