@@ -6,9 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from scipy.spatial.transform import Rotation
 
 from policypipe.dataset.windows import WindowConfig, rot6d
+from policypipe.evaluation import nearest_neighbour
 from policypipe.evaluation.evaluate import EvalConfig
 from policypipe.evaluation.nearest_neighbour import (
     NearestNeighbourConfig,
@@ -115,3 +117,23 @@ def test_same_inputs_give_the_same_bytes_and_the_cost_in_seconds(store: Path) ->
 def test_a_config_that_cannot_work_is_refused_before_any_work(change) -> None:
     with pytest.raises(ValueError, match="nearest neighbour"):
         EvalConfig(**change)
+
+
+def test_the_training_frames_are_read_and_pooled_a_chunk_at_a_time_to_the_same_index(
+    store: Path, monkeypatch
+) -> None:
+    # A whole training side pooled at once took 13 GB for the 480-recording export (a float64 copy
+    # of every frame): the index is built POOL_CHUNK frames at a time, to the same bits.
+    config = NearestNeighbourConfig(3, EQUAL, image_size=4, train_stride=1)
+    whole = NearestNeighbourIndex.build(store, TRAIN, WINDOW, config)
+    pooled_at_once, pool = [], torch.nn.functional.adaptive_avg_pool2d
+
+    def counted(x: torch.Tensor, size: int) -> torch.Tensor:
+        pooled_at_once.append(len(x))
+        return pool(x, size)
+
+    monkeypatch.setattr(torch.nn.functional, "adaptive_avg_pool2d", counted)
+    monkeypatch.setattr(nearest_neighbour, "POOL_CHUNK", 7)
+    chunked = NearestNeighbourIndex.build(store, TRAIN, WINDOW, config)
+    assert max(pooled_at_once) == 7 and sum(pooled_at_once) == len(whole.features) > 7
+    assert np.array_equal(chunked.features, whole.features) and np.array_equal(chunked.chunks, whole.chunks)

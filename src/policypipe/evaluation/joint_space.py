@@ -31,8 +31,6 @@ from typing import Any
 import numpy as np
 import zarr
 
-from policypipe.dataset import layout
-from policypipe.dataset.frame_shards import FrameShardReader
 from policypipe.dataset.joint_windows import JointSeries
 from policypipe.dataset.windows import WindowConfig
 from policypipe.evaluation.errors import joint_constant_velocity, joint_errors, joint_hold_still
@@ -43,7 +41,13 @@ from policypipe.evaluation.evaluate import (
     over_sides,
     side_chunks,
 )
-from policypipe.evaluation.nearest_neighbour import block_scales, downsample, nearest, weighted_features
+from policypipe.evaluation.nearest_neighbour import (
+    block_scales,
+    downsample,
+    nearest,
+    pooled_frames,
+    weighted_features,
+)
 from policypipe.evaluation.samples import Samples, collect_samples, motion_window, recorded_observations
 from policypipe.policy.diffusion import DiffusionPolicy
 
@@ -70,12 +74,10 @@ class JointNearestNeighbour:
     build_s: float
 
     @staticmethod
-    def blocks(obs_state: np.ndarray, current_frames: np.ndarray, image_size: int) -> dict[str, np.ndarray]:
+    def blocks(obs_state: np.ndarray, pixels: np.ndarray) -> dict[str, np.ndarray]:
+        """From the observed joint vectors and the current frames' `downsample`."""
         as_batch = np.asarray(obs_state, np.float32).astype(np.float64)  # as the policy's batches hold it
-        return {
-            "state": as_batch.reshape(len(as_batch), -1),
-            "pixels": downsample(current_frames, image_size),
-        }
+        return {"state": as_batch.reshape(len(as_batch), -1), "pixels": pixels}
 
     @classmethod
     def build(
@@ -84,8 +86,7 @@ class JointNearestNeighbour:
         t0 = time.perf_counter()
         anchors, _ = series.anchors(episodes, window)
         w = series.windows(anchors[:: config.nn_train_stride], window)
-        frames = FrameShardReader(store, layout.RGB).read_many(w.obs_frames[:, -1])
-        blocks = cls.blocks(w.obs_state, frames, config.nn_image_size)
+        blocks = cls.blocks(w.obs_state, pooled_frames(store, w.obs_frames[:, -1], config.nn_image_size))
         weights = {"state": config.nn_pose_weight, "pixels": config.nn_pixel_weight}
         scales = block_scales(blocks)
         features = weighted_features(blocks, scales, weights)
@@ -96,7 +97,7 @@ class JointNearestNeighbour:
 
     def chunks_for(self, obs_state: np.ndarray, current_frames: np.ndarray) -> tuple[np.ndarray, float]:
         t0 = time.perf_counter()
-        blocks = self.blocks(obs_state, current_frames, self.image_size)
+        blocks = self.blocks(obs_state, downsample(current_frames, self.image_size))
         queries = weighted_features(blocks, self.scales, self.weights)
         picks = nearest(self.features, queries, self.k)
         chunks = obs_state[:, -1:] + self.offsets[picks].mean(axis=1)

@@ -36,6 +36,9 @@ from policypipe.dataset.windows import (
 BLOCKS = ("pose", "width", "pixels")
 # Queries per distance pass: (chunk, M) float64 distances, 16 MB for 8,000 training windows.
 QUERY_CHUNK = 256
+# Frames read and pooled at a time: pooling works on a float64 copy, 98 KB a 64x64 frame, so a whole
+# training side at once took 13 GB for 480 recordings; a chunk keeps it near 100 MB.
+POOL_CHUNK = 1024
 
 
 @dataclass(frozen=True)
@@ -53,24 +56,37 @@ class NearestNeighbourConfig:
 
 
 def downsample(frames: np.ndarray, size: int) -> np.ndarray:
-    """(N, H, W, 3) uint8 -> (N, size*size*3) area averages in [0, 1]."""
-    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).double() / 255.0
-    pooled = torch.nn.functional.adaptive_avg_pool2d(x, size)  # (N, 3, size, size)
-    return pooled.permute(0, 2, 3, 1).reshape(len(frames), -1).numpy()
+    """(N, H, W, 3) uint8 -> (N, size*size*3) area averages in [0, 1], POOL_CHUNK frames at a time
+    (each frame's average is its own: the chunks do not change a bit of it)."""
+    out = [np.zeros((0, size * size * 3))]
+    for start in range(0, len(frames), POOL_CHUNK):
+        chunk = np.ascontiguousarray(frames[start : start + POOL_CHUNK])
+        x = torch.from_numpy(chunk).permute(0, 3, 1, 2).double() / 255.0
+        pooled = torch.nn.functional.adaptive_avg_pool2d(x, size)  # (n, 3, size, size)
+        out.append(pooled.permute(0, 2, 3, 1).reshape(len(chunk), -1).numpy())
+    return np.concatenate(out)
 
 
-def feature_blocks(
-    obs_pose: np.ndarray, obs_width: np.ndarray, current_frames: np.ndarray, image_size: int
-) -> dict[str, np.ndarray]:
-    """{block: (N, D_block)} from obs_pose (N, O, 9), obs_width (N, O, 1) and the current frames
-    (N, H, W, 3). Pose and width pass through float32, as the policy's batches hold them, so a
-    training window and the same observation read as a sample give the same features."""
+def pooled_frames(store: Path, rows: np.ndarray, size: int) -> np.ndarray:
+    """`downsample` of the stored camera 0 frames at `rows`, read POOL_CHUNK at a time: a training
+    side's frames are never all in memory at once (955 MB of uint8 for 480 recordings)."""
+    reader = FrameShardReader(store, layout.RGB)
+    parts = [np.zeros((0, size * size * 3))]
+    for start in range(0, len(rows), POOL_CHUNK):
+        parts.append(downsample(reader.read_many(rows[start : start + POOL_CHUNK]), size))
+    return np.concatenate(parts)
+
+
+def feature_blocks(obs_pose: np.ndarray, obs_width: np.ndarray, pixels: np.ndarray) -> dict[str, np.ndarray]:
+    """{block: (N, D_block)} from obs_pose (N, O, 9), obs_width (N, O, 1) and the current frames'
+    `downsample` (N, S*S*3). Pose and width pass through float32, as the policy's batches hold
+    them, so a training window and the same observation read as a sample give the same features."""
     n = len(obs_pose)
     as_batch = lambda a: np.asarray(a, dtype=np.float32).astype(np.float64)  # noqa: E731
     return {
         "pose": as_batch(obs_pose)[:, :-1].reshape(n, -1),
         "width": as_batch(obs_width).reshape(n, -1),
-        "pixels": downsample(current_frames, image_size),
+        "pixels": pixels,
     }
 
 
@@ -126,8 +142,8 @@ def training_windows(
     streams = EpisodeStreams.from_store(root)
     anchors, _ = streams.anchors(episodes, window)
     w = streams.windows(anchors[:: config.train_stride], window)
-    frames = FrameShardReader(store, layout.RGB).read_many(w.obs_frames[:, -1])
-    return TrainingWindows(feature_blocks(w.obs_pose, w.obs_width, frames, config.image_size), w.action)
+    pixels = pooled_frames(store, w.obs_frames[:, -1], config.image_size)
+    return TrainingWindows(feature_blocks(w.obs_pose, w.obs_width, pixels), w.action)
 
 
 @dataclass(frozen=True)
@@ -156,7 +172,7 @@ class NearestNeighbourIndex:
         """(N, T, 10) the baseline's chunks for the observations, and the search's seconds."""
         t0 = time.perf_counter()
         queries = weighted_features(
-            feature_blocks(obs_pose, obs_width, current_frames, self.config.image_size),
+            feature_blocks(obs_pose, obs_width, downsample(current_frames, self.config.image_size)),
             self.scales,
             self.config.weights,
         )
