@@ -34,9 +34,12 @@ lock:
 		--no-emit-index-url --no-emit-find-links --output-file requirements.lock pyproject.toml
 
 # The demo export is deterministic, so the committed data/raw.dvc matches what `sample` writes.
+# 480 recordings: what the demo's recipe needs to see the block (docs/rollout.md, "The demo policy
+# in closed loop"); the committed data/raw.dvc is of this many.
+DEMO_RECORDINGS := 480
 demo: $(STAMP)
 	@if [ ! -d data/raw ]; then \
-		$(BIN)/policypipe sample data/raw && PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc add --quiet data/raw; \
+		$(BIN)/policypipe sample --recordings $(DEMO_RECORDINGS) data/raw && PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc add --quiet data/raw; \
 	fi
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 

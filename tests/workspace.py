@@ -102,6 +102,7 @@ def shorten_training(repo: Path) -> None:
         "val_batches": 1,
         "checkpoint_every": 3,
         "num_workers": 0,
+        "encoder_pretrain_steps": 3,  # the demo's pretraining on the grasp and release labels, kept short
     }
     params["train"]["model"] = params["train"].get("model", {}) | SMALL_MODEL
     params["eval"] |= {

@@ -8,7 +8,7 @@ summarises them with confidence intervals that include seed-to-seed variation.
 
 Overrides use params.yaml's keys (`--set section.key=value`, the value read as YAML), the way
 `dvc exp run -S` does; the rest comes from params.yaml. Seed s sets `train.seed`. The privileged
-control (docs/rollout.md): `--set 'train.privileged={seed: 0, recordings: 96, recovery: 0.0}'`.
+control (docs/rollout.md): `--set 'train.privileged={seed: 0, recordings: 480, recovery: 0.0}'`.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ SHORT = {
     "val_batches": 1,
     "checkpoint_every": 10,
     "num_workers": 2,
+    "encoder_pretrain_steps": 3,  # the demo's pretraining on the grasp and release labels, kept short
     "model": TINY,
 }
 

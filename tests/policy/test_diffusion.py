@@ -397,10 +397,12 @@ def test_a_policy_without_the_event_loss_has_no_head_and_one_with_it_predicts_po
 
 def test_the_event_loss_needs_the_labels_statistics_and_a_policy_that_sees() -> None:
     policy = DiffusionPolicy(replace(TINY, event_loss_weight=1.0))
-    with pytest.raises(
-        ValueError, match=r"rerun `dvc repro stats`, or set train.model.event_loss_weight to 0"
-    ):
+    with pytest.raises(ValueError, match=r"rerun `dvc repro stats`, or train without the labels") as refused:
         policy.fit_normalizers(fake_stats())
+    # All three params that use the labels, so that following the message leaves a valid config.
+    wanted = "event_loss_weight 0, train.model.event_loss_near_m 0, train.encoder_pretrain_steps 0 and "
+    wanted += "train.freeze_encoder false"
+    assert wanted in str(refused.value)
     with pytest.raises(ValueError, match="event_loss_weight must be a finite number >= 0"):
         replace(TINY, event_loss_weight=-1.0)
     for bad in (-0.01, float("nan")):

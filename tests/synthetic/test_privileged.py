@@ -89,6 +89,20 @@ def test_a_dataset_of_another_export_is_refused_naming_the_episode(pipeline: Pip
         dataset_scene_state(pipeline.store, **(EXPORT | {"recordings": 2}))
 
 
+def test_the_control_drops_the_image_recipes_grasp_and_release_labels(pipeline: Pipeline) -> None:
+    # params.yaml's image recipe (the event loss near the events, the encoder pretrained on the
+    # labels and frozen): the control has no encoder to teach, and trains without them.
+    recipe = dataclasses.replace(POLICY, event_loss_weight=1.0, event_loss_near_m=0.05)
+    export = PrivilegedExport(**EXPORT)
+    config = dataclasses.replace(
+        CONFIG, model=recipe, encoder_pretrain_steps=4, freeze_encoder=True, privileged=export
+    )
+    config, _, _ = privileged_training(pipeline.store, pipeline.stats, config)
+    assert config.model.scene_state_dim == SCENE_STATE_DIM
+    assert not config.model.event_labels and config.model.event_loss_near_m == 0
+    assert config.encoder_pretrain_steps == 0 and not config.freeze_encoder
+
+
 def test_the_control_trains_without_an_image_encoder_and_runs_only_with_the_scene_state(
     pipeline: Pipeline, tmp_path: Path
 ) -> None:

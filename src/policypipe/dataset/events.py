@@ -40,6 +40,7 @@ from scipy.spatial.transform import Rotation
 from policypipe.dataset import layout
 from policypipe.dataset.episode import PoseInterpolator
 from policypipe.dataset.windows import POSE_DIM, episode_bounds, relative_poses
+from policypipe.policy.config import WITHOUT_THE_LABELS
 
 # A close or an open moves the fingers by at least this much (a tremor of the width reading, or a
 # squeeze of compliant pads, moves them by far less; a real grasp of anything by far more).
@@ -258,7 +259,7 @@ def require_events(stats: dict[str, Any], episodes: list[int]) -> None:
     if "events" not in stats:
         raise ValueError(
             "the statistics hold no grasp and release events (a joint-space dataset, or statistics made "
-            "before this version): rerun `dvc repro stats`, or set train.model.event_loss_weight to 0"
+            f"before this version): rerun `dvc repro stats`, or {WITHOUT_THE_LABELS}"
         )
     records = stats["events"]["episodes"]
     missing = [f"{records[e]['stem']} ({records[e]['missing']})" for e in episodes if records[e]["missing"]]
@@ -267,7 +268,7 @@ def require_events(stats: dict[str, Any], episodes: list[int]) -> None:
             f"train.model.event_loss_weight trains on each recording's grasps and releases, and "
             f"{len(missing)} of the training and validation recordings have none: "
             f"{'; '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}. Leave them out of the export "
-            "(or fix their width stream), or set train.model.event_loss_weight to 0"
+            f"(or fix their width stream), or {WITHOUT_THE_LABELS}"
         )
 
 

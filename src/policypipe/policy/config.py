@@ -7,6 +7,14 @@ from dataclasses import dataclass
 
 from policypipe.dataset.windows import ACTION_DIM, POSE_DIM
 
+# What a refusal of the grasp and release labels offers besides fixing the data: the demo's params
+# weigh them, pretrain the encoder on them and freeze it, so all four settings go (a dataset without
+# the labels, a joint-space policy, the privileged control).
+WITHOUT_THE_LABELS = (
+    "train without the labels: train.model.event_loss_weight 0, train.model.event_loss_near_m 0, "
+    "train.encoder_pretrain_steps 0 and train.freeze_encoder false"
+)
+
 PREDICTION_TYPES = ("epsilon", "sample", "v_prediction")
 BETA_SCHEDULES = ("squaredcos_cap_v2", "linear")
 NORMALIZATIONS = ("min_max", "mean_std")
@@ -196,7 +204,8 @@ class PolicyConfig:
         if self.event_labels and (self.joint_space or self.privileged):
             raise ValueError(
                 "event_loss_weight teaches an image encoder the poses of a gripper's grasps and releases: "
-                "a joint-space policy has no gripper poses and the privileged control no encoder; set it to 0"
+                "a joint-space policy has no gripper poses and the privileged control no encoder; "
+                + WITHOUT_THE_LABELS
             )
         if self.condition_on_events and not self.event_labels:
             raise ValueError(

@@ -122,8 +122,9 @@ def privileged_training(
 ) -> tuple[TrainConfig, dict[str, Any], dict[str, np.ndarray]]:
     """What `training.loop.train` needs for the privileged control of `config.privileged` (the sample
     export `store` was converted from, by its settings): the config with the policy's
-    `scene_state_dim`, the statistics with the scene state's entry (over the training side), and the
-    per-row scene state (`train(row_features=...)`)."""
+    `scene_state_dim` and without the grasp and release labels (below), the statistics with the
+    scene state's entry (over the training side), and the per-row scene state
+    (`train(row_features=...)`)."""
     export = config.privileged
     if export is None:
         raise ValueError("train.privileged is null: the policy sees through its cameras")
@@ -132,5 +133,11 @@ def privileged_training(
     )
     entry = scene_state_statistics(features, store, stats["split"]["train"])
     stats = {**stats, "lowdim": {**stats["lowdim"], "obs.scene_state": entry}}
-    config = replace(config, model=replace(config.model, scene_state_dim=SCENE_STATE_DIM))
+    # The control reads the scene's state in place of a camera: the grasp and release labels that
+    # params.yaml's image recipe teaches its encoder (the event loss, the pretraining, the frozen
+    # encoder) have no encoder to teach here, and are off.
+    model = replace(
+        config.model, scene_state_dim=SCENE_STATE_DIM, event_loss_weight=0.0, event_loss_near_m=0.0
+    )
+    config = replace(config, encoder_pretrain_steps=0, freeze_encoder=False, model=model)
     return config, stats, {"obs_scene_state": features}
