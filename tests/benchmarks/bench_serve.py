@@ -23,6 +23,8 @@ import torch
 from scipy.spatial.transform import Rotation
 
 from policypipe.config import read_section
+from policypipe.dataset import events
+from policypipe.dataset.windows import POSE_DIM
 from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.policy.export import save_policy
 from policypipe.runtime.observation import Observation
@@ -82,6 +84,8 @@ def fixed_stats(horizon: int) -> dict:
             "action_per_step": entry(horizon * 10, -1.0, 1.0),
         },
         "image": {"camera0_rgb": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}},
+        # The event head's label statistics (the demo's params train one; inference never runs it).
+        "events": {"labels": {name: entry(POSE_DIM, -0.3, 0.3) for name in events.STATS_ENTRIES.values()}},
     }
 
 

@@ -58,6 +58,8 @@ def test_the_real_robot_recipe_is_params_yaml_with_the_real_robot_model() -> Non
     )
     assert config.window == from_mapping(WindowConfig, params["policy"], "policy")
     assert config.model.n_obs_steps == config.window.n_obs_steps
+    # The demo's recipe at that size: the encoder taught the grasps and releases, then frozen.
+    assert config.model.event_labels and config.encoder_pretrain_steps > 0 and config.freeze_encoder
 
 
 def test_make_bench_trains_the_earlier_path_and_params_yamls_in_one_run(tmp_path, capsys) -> None:

@@ -40,7 +40,6 @@ from scipy.spatial.transform import Rotation
 from policypipe.dataset import layout
 from policypipe.dataset.episode import PoseInterpolator
 from policypipe.dataset.windows import POSE_DIM, episode_bounds, relative_poses
-from policypipe.policy.config import WITHOUT_THE_LABELS
 
 # A close or an open moves the fingers by at least this much (a tremor of the width reading, or a
 # squeeze of compliant pads, moves them by far less; a real grasp of anything by far more).
@@ -251,6 +250,15 @@ def label_statistics(labels: dict[str, np.ndarray], rows: np.ndarray) -> dict[st
             "std": stacked[3].tolist(),
         }
     return out
+
+
+# What a refusal of the grasp and release labels offers besides fixing the data: the demo's params
+# weigh them, pretrain the encoder on them and freeze it, so all four settings go (a dataset without
+# the labels, a joint-space policy, the privileged control).
+WITHOUT_THE_LABELS = (
+    "train without the labels: train.model.event_loss_weight 0, train.model.event_loss_near_m 0, "
+    "train.encoder_pretrain_steps 0 and train.freeze_encoder false"
+)
 
 
 def require_events(stats: dict[str, Any], episodes: list[int]) -> None:

@@ -5,15 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from policypipe.dataset.events import WITHOUT_THE_LABELS
 from policypipe.dataset.windows import ACTION_DIM, POSE_DIM
-
-# What a refusal of the grasp and release labels offers besides fixing the data: the demo's params
-# weigh them, pretrain the encoder on them and freeze it, so all four settings go (a dataset without
-# the labels, a joint-space policy, the privileged control).
-WITHOUT_THE_LABELS = (
-    "train without the labels: train.model.event_loss_weight 0, train.model.event_loss_near_m 0, "
-    "train.encoder_pretrain_steps 0 and train.freeze_encoder false"
-)
 
 PREDICTION_TYPES = ("epsilon", "sample", "v_prediction")
 BETA_SCHEDULES = ("squaredcos_cap_v2", "linear")

@@ -38,7 +38,7 @@ from torch import nn
 
 from policypipe.dataset import events
 from policypipe.dataset.windows import ACTION_DIM, POSE_DIM
-from policypipe.policy.config import WITHOUT_THE_LABELS, PolicyConfig
+from policypipe.policy.config import PolicyConfig
 from policypipe.policy.encoder import ImageEncoder
 from policypipe.policy.noise_schedule import NoiseSchedule
 from policypipe.policy.normalizer import ImageNormalizer, LowDimNormalizer
@@ -173,7 +173,7 @@ class DiffusionPolicy(nn.Module):
                 raise ValueError(
                     "the statistics have no statistics of the grasp and release labels (`events.labels`, "
                     "made by the stats stage of this version from a dataset with grasps and releases): "
-                    f"rerun `dvc repro stats`, or {WITHOUT_THE_LABELS}"
+                    f"rerun `dvc repro stats`, or {events.WITHOUT_THE_LABELS}"
                 )
             self.event_normalizer.fit({k: entries[0][k] + entries[1][k] for k in ("mean", "std")})
 
