@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def without_the_labels(params: dict) -> None:
     """The demo's params teach the encoder each recording's grasps and releases; these demos have
-    none to teach, and the refusal says to set these (policy/config.py, WITHOUT_THE_LABELS)."""
+    none to teach, and the refusal says to set these (dataset/events.py, WITHOUT_THE_LABELS)."""
     params["train"] |= {"encoder_pretrain_steps": 0, "freeze_encoder": False}
     params["train"]["model"] |= {"event_loss_weight": 0.0, "event_loss_near_m": 0.0}
 
@@ -37,7 +37,7 @@ def test_dvc_repro_runs_end_to_end_on_robomimic_files_with_lineage_to_each_demo(
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["pair"] |= {"source": "robomimic", "robomimic": {"cameras": list(CAMERAS)}}
     params["convert"] |= {"cameras": [0, 1], "on_missing_camera": "mask"}
-    without_the_labels(params)  # these demos' random widths hold no grasp and release
+    without_the_labels(params)  # these demos close the fingers and never open them, as Lift's
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(repo, "dvc", "add", "--quiet", "data/raw")
 
