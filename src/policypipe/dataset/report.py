@@ -39,6 +39,17 @@ def dataset_report(root: zarr.Group, fingerprint: str, split: dict[str, Any]) ->
     }
 
 
+# Episodes the contact sheet shows at most: a thumbnail each, so the sheet grows with them (11 MB
+# for the demo's 480, a file git keeps); beyond this many, evenly spread ones.
+CONTACT_SHEET_EPISODES = 100
+
+
+def contact_sheet_episodes(count: int) -> np.ndarray:
+    """The episodes the contact sheet shows: all of `count`, or CONTACT_SHEET_EPISODES evenly spread
+    from the first to the last."""
+    return np.unique(np.linspace(0, count - 1, min(count, CONTACT_SHEET_EPISODES)).round().astype(int))
+
+
 def write_plots(root: zarr.Group, out_dir: Path, split: dict) -> list[Path]:
     """Episode lengths, what moved (top-down gripper paths and widths, held-out episodes dashed:
     validation, dotted: test; or a joint-space dataset's joints over time) and a contact sheet."""
@@ -67,17 +78,18 @@ def write_plots(root: zarr.Group, out_dir: Path, split: dict) -> list[Path]:
         written += _pose_plots(root, out_dir, first, last, stamps, colors, line_style)
 
     stems = [ep["stem"] for ep in root.attrs[layout.ATTRS_EPISODES]]
-    middle = (first + last) // 2
-    frames = root[layout.RGB].get_orthogonal_selection((middle,))
-    cols = int(np.ceil(np.sqrt(len(ends))))
-    rows = int(np.ceil(len(ends) / cols))
+    shown = contact_sheet_episodes(len(ends))
+    frames = root[layout.RGB].get_orthogonal_selection(((first[shown] + last[shown]) // 2,))
+    cols = int(np.ceil(np.sqrt(len(shown))))
+    rows = int(np.ceil(len(shown) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(1.6 * cols, 1.75 * rows), squeeze=False)
     for i, ax in enumerate(axes.ravel()):
         ax.axis("off")
-        if i < len(ends):
+        if i < len(shown):
             ax.imshow(frames[i])
-            ax.set_title(stems[i], fontsize=6)
-    fig.suptitle("middle frame of every episode", fontsize=9)
+            ax.set_title(stems[shown[i]], fontsize=6)
+    some = f"{len(shown)} of {len(ends)} episodes, evenly spread"
+    fig.suptitle(f"middle frame of {some if len(shown) < len(ends) else 'every episode'}", fontsize=9)
     written.append(save_png(fig, out_dir / "contact_sheet.png", dpi=110))
     return written
 
