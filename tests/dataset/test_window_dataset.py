@@ -3,12 +3,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
+from scipy.spatial.transform import Rotation
 from torch.utils.data import DataLoader
 
 from policypipe.dataset import layout
 from policypipe.dataset.window_dataset import WindowDataset
-from policypipe.dataset.windows import WindowConfig
+from policypipe.dataset.windows import WindowConfig, relative_poses
 from tests.dataset.conftest import make_store
 
 WINDOW = WindowConfig(n_obs_steps=2, horizon=6, n_action_steps=3)
@@ -62,3 +64,28 @@ def test_a_batch_read_at_once_is_each_sample_read_alone(tmp_path: Path) -> None:
     for i, item in zip(picked, together):
         alone = ds[i]
         assert item.keys() == alone.keys() and all(torch.equal(item[k], alone[k]) for k in item)
+
+
+def test_samples_for_a_policy_that_remembers_its_start_carry_the_episodes_first_frame_and_pose(
+    tmp_path: Path,
+) -> None:
+    root = make_store(tmp_path / "ds.zarr", lengths=(10, 12, 9))
+    ds = WindowDataset(tmp_path / "ds.zarr", [1, 2], WINDOW, episode_start=True)
+    rows = root[layout.RGB]
+    pos, rot = root[layout.EEF_POS][:].astype(np.float64), root[layout.EEF_ROT][:].astype(np.float64)
+    identity = np.array([0.0] * 3 + [1, 0, 0, 0, 1, 0])
+    for i in range(len(ds)):
+        item, anchor = ds[i], int(ds.anchors[i])
+        first = 10 if anchor < 22 else 22  # episode 1 starts at frame 10, episode 2 at 22
+        assert np.array_equal(item["start_image"].numpy(), rows[first])
+        assert item["start_pose"].shape == (1, 9)
+        # The first frame's pose in the anchor's frame, as the stored frame poses give it.
+        r = Rotation.from_rotvec(rot[[anchor, first]]).as_matrix()
+        expected = relative_poses(pos[anchor][None], r[:1], pos[first][None, None], r[None, 1:])[0, 0]
+        np.testing.assert_allclose(item["start_pose"][0].numpy(), expected, atol=1e-5)
+        if anchor == first:
+            np.testing.assert_allclose(expected, identity, atol=1e-12)
+    assert {int(a) for a in ds.anchors} >= {10, 22} and len(ds) > 2
+    # Without images there is no first frame to add.
+    with pytest.raises(ValueError, match="episode_start adds the episode's first frame"):
+        WindowDataset(tmp_path / "ds.zarr", [1], WINDOW, images=False, episode_start=True)

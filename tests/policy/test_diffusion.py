@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
+from policypipe.dataset.windows import rot6d_to_matrix
 from policypipe.policy.config import PolicyConfig
 from policypipe.policy.diffusion import DiffusionPolicy, near_label_weights
 
@@ -493,6 +494,51 @@ def test_a_head_conditioned_on_the_events_reads_the_event_heads_predictions_and_
     policy.compute_losses(b)["diffusion"].backward()
     assert all(p.grad is None or not p.grad.any() for p in policy.event_head.parameters())
     assert policy.encoder.stem[0].weight.grad.abs().sum() > 0
+
+
+def test_a_policy_that_remembers_its_start_reads_the_release_seen_then_carried_to_the_current_pose() -> None:
+    config = replace(TINY, event_loss_weight=1.0, remember_release=True)
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(config)
+    policy.fit_normalizers(event_stats())
+    policy.eval()  # the centre crop: the same features each call
+    g = torch.Generator().manual_seed(5)
+    identity = torch.tensor([0.0] * 3 + [1, 0, 0, 0, 1, 0])
+    b = event_batch() | {
+        "start_image": torch.randint(0, 256, (4, 32, 32, 3), generator=g, dtype=torch.uint8),
+        "start_pose": identity.expand(4, 1, 9).clone(),
+    }
+    # Per observation step the features, pose and width; then the remembered release, once.
+    assert policy.condition(b).shape == (4, config.n_obs_steps * (config.image_feature_dim + 9 + 1) + 9)
+    with torch.no_grad():  # (B, G, 9) the release as seen from the start
+        seen = policy.predict_events(policy.image_features(b["start_image"]))[:, 1]
+    r = torch.from_numpy(rot6d_to_matrix(seen[..., 3:].double().numpy())).float()  # its rotation
+    # Still at the start: the release as the start saw it (the rotation's two columns orthonormal).
+    torch.testing.assert_close(
+        policy.remembered_release(b), torch.cat([seen[..., :3], r[..., 0], r[..., 1]], -1)
+    )
+    # Moved: the start is 0.1 m ahead (x) and turned 90 degrees about z from the current pose, so
+    # the release, seen (p, R) from the start, is at (0.1, 0, 0) + Rz p and turned Rz R from here.
+    rz = torch.tensor([[0.0, -1, 0], [1, 0, 0], [0, 0, 1]])
+    b["start_pose"] = torch.cat([torch.tensor([0.1, 0, 0]), rz[:, 0], rz[:, 1]]).expand(4, 1, 9).clone()
+    carried = policy.remembered_release(b)
+    torch.testing.assert_close(carried[..., :3], torch.tensor([0.1, 0, 0]) + seen[..., :3] @ rz.T)
+    torch.testing.assert_close(carried[..., 3:6], (rz @ r)[..., :, 0], atol=1e-6, rtol=0)
+    torch.testing.assert_close(carried[..., 6:], (rz @ r)[..., :, 1], atol=1e-6, rtol=0)
+    # The condition reads the start frame ...
+    before = policy.condition(b)
+    b["start_image"] = 255 - b["start_image"]
+    assert not torch.allclose(policy.condition(b), before)
+    # ... and the memory trains nothing: the denoising loss leaves the head without a gradient.
+    policy.train()
+    policy.zero_grad()
+    policy.compute_losses(b)["diffusion"].backward()
+    assert all(p.grad is None or not p.grad.any() for p in policy.event_head.parameters())
+
+
+def test_remembering_the_release_needs_an_event_head_reading_camera_0() -> None:
+    with pytest.raises(ValueError, match="remember_release carries the event head's next release"):
+        replace(TINY, remember_release=True)
 
 
 def test_conditioning_on_the_events_needs_an_event_head() -> None:

@@ -45,6 +45,12 @@ class StillRunner:
     spec = SimpleNamespace(n_obs_steps=1)
     action_offsets_ns = np.round(np.arange(1, 17) / 30 * 1e9).astype(np.int64)
 
+    def __init__(self) -> None:
+        self.episodes = 0
+
+    def start_episode(self) -> None:
+        self.episodes += 1
+
     def act(self, observation, seed=None, episode_start_ns=None):
         assert observation.cameras[0].frames.shape == (2, 240, 320, 3)
         relative = np.zeros((16, 10))
@@ -53,8 +59,11 @@ class StillRunner:
 
 
 def test_a_policy_blind_to_the_block_has_slope_zero_beside_the_demonstrators() -> None:
-    result = tr.turn_response(StillRunner(), range(1000, 1003))
+    runner = StillRunner()
+    result = tr.turn_response(runner, range(1000, 1003))
     assert result["policy_slope"] == 0.0 and result["seen_fraction"] == 0.0
+    # Each turned frame is an episode of its own (a policy that remembers its start sees it first).
+    assert runner.episodes == 3 * len(tr.TURNS_DEG)
     assert -1.0 < result["demonstrator_slope"] < -0.2
     assert result["scenes"] == [1000, 1002]
 

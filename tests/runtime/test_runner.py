@@ -20,6 +20,7 @@ from policypipe.dataset.convert import convert_dataset
 from policypipe.dataset.convert_config import ConvertConfig
 from policypipe.dataset.episode import PoseInterpolator
 from policypipe.dataset.stats import StatsConfig, compute_statistics
+from policypipe.dataset.window_dataset import WindowDataset
 from policypipe.dataset.windows import WindowConfig, rot6d_to_matrix
 from policypipe.evaluation.samples import collect_samples
 from policypipe.lineage.hashing import sha256_file
@@ -166,6 +167,43 @@ def test_the_runner_sees_what_eval_sees_and_its_targets_are_evals_chunks_compose
         assert chunk.execute.tolist() == [k < WINDOW.n_action_steps for k in range(WINDOW.horizon)]
         checked += 1
     assert checked >= 5
+
+
+def test_a_policy_that_remembers_its_start_reads_the_first_request_as_training_read_the_first_frame(
+    pipeline: Pipeline,
+) -> None:
+    # remember_release: the first request of an episode is kept (camera 0's training frame, the pose),
+    # and every later request reads it as training read the episode's first frame.
+    config = dataclasses.replace(POLICY, event_loss_weight=1.0, remember_release=True)
+    policy = DiffusionPolicy(config)
+    policy.fit_normalizers(pipeline.stats)
+    runner = PolicyRunner(policy, RuntimeSpec.read(pipeline.policy))
+    episode = int(pipeline.stats["split"]["val"][0])
+    data = WindowDataset(pipeline.store, [episode], WINDOW, episode_start=True)
+    start = episode_start_ns(pipeline, episode)
+    vio = pipeline.recordings[episode]
+    first_row, later = int(data.anchors[0]), len(data) // 2
+    assert first_row == int(data.streams.first[episode])
+    runner.prepare(robot_observation(vio, anchor_capture_ns(pipeline, episode, first_row)), start)
+    t = anchor_capture_ns(pipeline, episode, int(data.anchors[later]))
+    batch, _, _ = runner.prepare(robot_observation(vio, t), start)
+    item = data[later]
+    assert torch.equal(batch["start_image"][0], item["start_image"])
+    torch.testing.assert_close(batch["start_pose"][0], item["start_pose"], atol=2e-6, rtol=0)
+    assert item["start_pose"][0, :3].norm() > 0.01  # the gripper has moved since the start
+    # A new episode (another start time) is a new memory: its first request is kept ...
+    again, _, _ = runner.prepare(robot_observation(vio, t), start + 1)
+    assert torch.equal(again["start_image"], batch["obs_images"][:, -1])
+    torch.testing.assert_close(again["start_pose"][0, 0], torch.tensor([0.0] * 3 + [1, 0, 0, 0, 1, 0]))
+    # ... as is the first request after the clock went back (an episode replayed from the same start).
+    runner.prepare(robot_observation(vio, t), start)
+    back, _, _ = runner.prepare(
+        robot_observation(vio, anchor_capture_ns(pipeline, episode, first_row)), start
+    )
+    torch.testing.assert_close(back["start_pose"][0, 0], torch.tensor([0.0] * 3 + [1, 0, 0, 0, 1, 0]))
+    # A request that does not say which episode it is of is refused in words.
+    with pytest.raises(ObservationError, match="pass episode_start_ns"):
+        runner.prepare(robot_observation(vio, t))
 
 
 def test_absolute_errors_against_the_recorded_future_equal_the_offline_ones(pipeline: Pipeline) -> None:

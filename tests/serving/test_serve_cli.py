@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import selectors
@@ -13,7 +14,11 @@ import sys
 import pytest
 
 from policypipe.cli import main
+from policypipe.policy.diffusion import DiffusionPolicy
+from policypipe.policy.export import save_policy
+from policypipe.runtime.spec import RuntimeSpec
 from policypipe.serving.client import PolicyClient, PolicyServerError
+from tests.runtime.test_runner import POLICY
 from tests.serving.test_server import TOKEN, small
 
 
@@ -29,6 +34,17 @@ def test_a_policy_without_its_runtime_spec_is_refused_with_what_to_do(tmp_path, 
     (tmp_path / "policy").mkdir()
     assert main(["serve", str(tmp_path / "policy"), "--port", "0"]) == 2
     assert "train it again" in capsys.readouterr().err
+
+
+def test_a_policy_that_remembers_its_start_is_refused_until_the_server_keeps_it_per_client(
+    pipeline, tmp_path, capsys
+) -> None:
+    config = dataclasses.replace(POLICY, event_loss_weight=1.0, remember_release=True)
+    policy = DiffusionPolicy(config)
+    policy.fit_normalizers(pipeline.stats)
+    save_policy(tmp_path / "policy", policy, {}, RuntimeSpec.read(pipeline.policy).to_json())
+    assert main(["serve", str(tmp_path / "policy"), "--port", "0"]) == 2
+    assert "run it in process" in capsys.readouterr().err
 
 
 def first_line(process: subprocess.Popen, timeout_s: float) -> str:

@@ -185,14 +185,15 @@ def test_a_run_recorded_before_the_code_path_keys_resumes_on_the_earlier_path_on
     run_training(dataset, run_dir, stop_after=4, **earlier)
     latest = run_dir / "checkpoints" / "latest"
     state = load_checkpoint(latest)
-    # The event loss, the stem's max-pool, the event head's cameras and its labels' weighting came
-    # later still.
+    # The event loss, the stem's max-pool, the event head's cameras, its labels' weighting and the
+    # diffusion head's memory came later still.
     for key in [
         *earlier,
         "model.event_loss_weight",
         "model.encoder_stem_pool",
         "model.events_from_every_camera",
         "model.event_loss_near_m",
+        "model.remember_release",
     ]:
         del state.trainer["config"][key]
     save_checkpoint(
@@ -689,9 +690,11 @@ def test_the_event_loss_trains_on_the_datasets_grasps_and_releases_and_is_logged
     assert not (tmp_path / "other").exists()
 
 
+@pytest.mark.parametrize("remember_release", [False, True])
 def test_a_pretrained_frozen_encoder_is_the_one_the_policy_ends_with_and_resumes_exactly(
-    event_dataset, tmp_path: Path
+    event_dataset, tmp_path: Path, remember_release: bool
 ) -> None:
+    # With remember_release each sample also reads its episode's first frame (the memory's input).
     from policypipe.policy.diffusion import DiffusionPolicy
 
     store, stats = event_dataset
@@ -699,7 +702,7 @@ def test_a_pretrained_frozen_encoder_is_the_one_the_policy_ends_with_and_resumes
         CONFIG,
         encoder_pretrain_steps=6,
         freeze_encoder=True,
-        model=replace(MODEL, event_loss_weight=1.0),
+        model=replace(MODEL, event_loss_weight=1.0, remember_release=remember_release),
     )
 
     def run(folder: Path, stop_after=None):

@@ -26,7 +26,10 @@ from policypipe.dataset.windows import WindowConfig
 class WindowDataset(Dataset):
     """`row_features`: {batch key: (N, D) array, one row per dataset row}, each sample's rows of
     its observation steps under that key (the privileged control's scene state); `images` False
-    leaves the frames out (for a policy that takes none)."""
+    leaves the frames out (for a policy that takes none); `episode_start` adds what a policy with a
+    memory of its episode's start reads (`PolicyConfig.remember_release`): `start_image` (H, W, 3),
+    camera 0's first frame of the sample's episode, and `start_pose` (G, 9), each gripper's pose
+    there relative to the sample's current one (`EpisodeStreams.episode_start`)."""
 
     def __init__(
         self,
@@ -35,12 +38,16 @@ class WindowDataset(Dataset):
         window: WindowConfig,
         row_features: dict[str, np.ndarray] | None = None,
         images: bool = True,
+        episode_start: bool = False,
     ) -> None:
         if not episodes:
             raise ValueError("no episodes to sample from")
         self.store, self.window = Path(store), window
         self.row_features = dict(row_features or {})
         self.images = images
+        self.episode_start = episode_start
+        if episode_start and not images:
+            raise ValueError("episode_start adds the episode's first frame: it needs images")
         root = zarr.open_group(self.store, mode="r")
         self.streams = open_series(root)
         # Cameras beyond camera 0: their frames at the same rows, and whether a row has one.
@@ -70,6 +77,8 @@ class WindowDataset(Dataset):
             return []
         budget, note = cache_budget(budget_bytes, shared)
         rows, _ = self.streams.observation_frames(self.anchors, self.window)
+        if self.episode_start:  # camera 0's first frames too (unique rows: each decoded once)
+            rows = np.concatenate([rows.reshape(-1), self.streams.first[np.unique(self.anchor_episodes)]])
         for k in [0, *self.cameras]:
             reader = FrameShardReader(self.store, layout.camera_rgb(k))
             self._decoded[k] = cache = DecodedFrames(reader, rows, budget, shared)
@@ -85,7 +94,8 @@ class WindowDataset(Dataset):
     def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
         """Samples `indices`, their windows computed in one vectorised call: what the DataLoader
         asks for a batch at a time (the same numbers as one sample at a time, `windows.windows`)."""
-        w = self.streams.windows(self.anchors[np.asarray(indices, dtype=np.int64)], self.window)
+        anchors = self.anchors[np.asarray(indices, dtype=np.int64)]
+        w = self.streams.windows(anchors, self.window)
         items = [
             {
                 **{k: torch.from_numpy(v.astype(np.float32)) for k, v in w.observation_arrays(j).items()},
@@ -106,6 +116,11 @@ class WindowDataset(Dataset):
                 item[key] = torch.from_numpy(sample_frames)
                 if k:
                     item[f"obs_valid_camera{k}"] = torch.from_numpy(self.valid[k][rows])
+        if self.episode_start:
+            first, poses = self.streams.episode_start(anchors)
+            for item, frame, pose in zip(items, self._read_frames(0, first), poses):
+                item["start_image"] = torch.from_numpy(frame)
+                item["start_pose"] = torch.from_numpy(pose.astype(np.float32))
         return items
 
     def _read_frames(self, camera: int, rows: np.ndarray) -> np.ndarray:

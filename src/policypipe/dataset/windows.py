@@ -409,6 +409,20 @@ class EpisodeStreams(FrameAxis):
         frames, _ = self.observation_frames(anchors, window)
         return Windows(obs_pose=obs_pose, obs_width=obs_width, obs_frames=frames, action=action)
 
+    def episode_start(self, anchors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What a policy with a memory of its episode's start reads (`PolicyConfig.remember_release`):
+        (M,) the first frame (row) of each anchor's episode, and (M, G, 9) each gripper's pose at
+        that frame relative to its pose at the anchor, as `relative_poses` gives it (the runtime
+        computes the same from the pose it kept at the episode's first frame)."""
+        anchors = np.asarray(anchors, dtype=np.int64)
+        first = self.first[self.frame_episode[anchors]]
+        times = np.stack([self.frame_time[anchors], self.frame_time[first]], axis=1)  # (M, 2)
+        poses = []
+        for track in self.tracks:
+            pos, rot, _ = self._sample(track, times)
+            poses.append(relative_poses(pos[:, 0], rot[:, 0], pos[:, 1:], rot[:, 1:])[:, 0])
+        return first, np.stack(poses, axis=1)
+
     @staticmethod
     def _sample(track: _Track, times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One gripper's pose and width at shared-axis `times` (M, K): positions (M, K, 3), rotation

@@ -317,7 +317,7 @@ def evaluate_side(
     With several grippers, the report's numbers are over the grippers as a whole (each error the
     mean of the grippers'), and `per_gripper` holds the same report for each gripper alone."""
     pc = policy.config
-    samples = collect_samples(store, episodes, baselines.window, config.stride)
+    samples = collect_samples(store, episodes, baselines.window, config.stride, pc.remember_release)
     recorded = samples.batch["action"].double().numpy()
     log.info("evaluating on %d samples of %d held-out episodes", len(samples), len(episodes))
 
@@ -593,7 +593,9 @@ def compare_policies(
             if held_out == "test"
             else f"held_out must be 'validation' or 'test', got {held_out!r}"
         )
-    samples = collect_samples(store, held_out_episodes[held_out], window, config.stride)
+    samples = collect_samples(
+        store, held_out_episodes[held_out], window, config.stride, first.remember_release
+    )
     recorded = samples.batch["action"].double().numpy()
     baselines, _ = Baselines.build(store, stats, window, config).chunks(samples)
     omitted = {}

@@ -41,13 +41,16 @@ def motion_window(window: WindowConfig) -> WindowConfig:
     return replace(window, n_obs_steps=max(2, window.n_obs_steps))
 
 
-def collect_samples(store: Path, episodes: list[int], window: WindowConfig, stride: int) -> Samples:
-    """Every `stride`-th anchor of each episode (the anchors training samples).
+def collect_samples(
+    store: Path, episodes: list[int], window: WindowConfig, stride: int, episode_start: bool = False
+) -> Samples:
+    """Every `stride`-th anchor of each episode (the anchors training samples); `episode_start`: with
+    what a policy with a memory of its episode's start reads (`WindowDataset`).
 
     An episode with a frame that cannot be read (`UnreadableFrame`: damaged data) is skipped and
     counted; any other exception is a fault of the code or the setup, and is raised.
     """
-    data = WindowDataset(store, episodes, window)
+    data = WindowDataset(store, episodes, window, episode_start=episode_start)
     items, owners, anchors, skipped = [], [], [], []
     for e in episodes:
         picks = np.flatnonzero(data.anchor_episodes == e)[::stride]

@@ -109,7 +109,7 @@ def training_bank(
     policy: DiffusionPolicy, store: Path, episodes: list[int], window: WindowConfig, config: MonitorConfig
 ) -> tuple[EmbeddingBank, int]:
     """The bank of the training episodes' embeddings, and the stride of its anchors."""
-    data = WindowDataset(store, episodes, window)
+    data = WindowDataset(store, episodes, window, episode_start=policy.config.remember_release)
     stride = max(1, math.ceil(len(data) / config.bank_size))
     return EmbeddingBank.of(
         embeddings(policy, data, np.arange(0, len(data), stride)), config.neighbours
@@ -233,7 +233,7 @@ def episode_chunks(runner, store: Path, episodes: list[int], seed: int) -> list[
 
     policy, spec = runner.policy, runner.spec
     window = WindowConfig(spec.n_obs_steps, spec.horizon, spec.n_action_steps)
-    data = WindowDataset(store, episodes, window)
+    data = WindowDataset(store, episodes, window, episode_start=policy.config.remember_release)
     root = zarr.open_group(store, mode="r")
     times = root[layout.TIMESTAMP][:]
     recorded = {

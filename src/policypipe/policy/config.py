@@ -120,6 +120,13 @@ class PolicyConfig:
     # given exactly, here as the encoder sees them. Detached: only the event loss trains the head.
     # Measured in the same section of docs/rollout.md.
     condition_on_events: bool = False
+    # The diffusion head also reads a memory of the mark: where the event head places each gripper's
+    # next release from the episode's first frame (where the sample's mark is always in view),
+    # carried to the current pose by the gripper's own recorded poses, 9 numbers a gripper
+    # (normalised as the release label). A carry that has lost the mark from view still knows where
+    # the start saw it (docs/rollout.md, "A memory of the mark in closed loop"). The runner keeps
+    # the episode's first frame and pose (`runtime.runner`).
+    remember_release: bool = False
 
     @property
     def joint_space(self) -> bool:
@@ -204,6 +211,12 @@ class PolicyConfig:
             raise ValueError(
                 "condition_on_events feeds the event head's predictions to the diffusion head: set "
                 "event_loss_weight > 0 for an event head, or leave it false"
+            )
+        if self.remember_release and (not self.event_labels or self.events_from_every_camera):
+            raise ValueError(
+                "remember_release carries the event head's next release from the episode's first frame "
+                "of camera 0: set event_loss_weight > 0 for an event head reading camera 0 alone "
+                "(events_from_every_camera false), or leave it false"
             )
         if self.events_from_every_camera and not self.event_labels:
             raise ValueError(

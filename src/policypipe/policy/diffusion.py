@@ -26,6 +26,9 @@ recordings' grasps and releases (`dataset.events`); the last step's are the targ
   event_next_grasp    float (B, O, 9 G)  each gripper's pose at its next grasp, relative to the current
   event_next_release  float (B, O, 9 G)  its pose at its next release
   event_valid         float (B, O, 2 G)  1 where there is a next grasp / next release
+A policy with a memory of its episode's start (`config.remember_release`) also takes:
+  start_image  uint8 (B, H, W, 3)  camera 0's first frame of the episode
+  start_pose   float (B, G, 9)     each gripper's pose at that frame relative to the current one
 """
 
 from __future__ import annotations
@@ -104,6 +107,8 @@ class DiffusionPolicy(nn.Module):
         if config.condition_on_events:
             seen += 2 * POSE_DIM * config.grippers
         cond_dim = config.n_obs_steps * (seen + config.obs_lowdim_dim)
+        if config.remember_release:  # once per sample, not per observation step
+            cond_dim += POSE_DIM * config.grippers
         self.denoiser = ConditionalUnet1D(
             action_dim,
             cond_dim,
@@ -230,8 +235,9 @@ class DiffusionPolicy(nn.Module):
     ) -> torch.Tensor:
         """(B, O * (C F + 9 G^2 + G)), or (B, O * (C F + D)) in joint space: every camera's image
         features and the normalised low-dimensional state, per obs step (with `condition_on_events`
-        the event head's 18 G predictions after the features); the privileged control's
-        (B, O * (S + 10)) has the scene's state in place of the features."""
+        the event head's 18 G predictions after the features; with `remember_release` the
+        remembered release's 9 G numbers at the end); the privileged control's (B, O * (S + 10)) has
+        the scene's state in place of the features."""
         return self._condition(batch, generator)[0]
 
     def _condition(
@@ -261,7 +267,29 @@ class DiffusionPolicy(nn.Module):
         seen_by_events = torch.cat(features[: self.config.event_cameras], dim=-1)
         if self.config.condition_on_events:
             features.append(self.event_head(seen_by_events).detach())
-        return torch.cat([*features, *lowdim], dim=-1).flatten(1), seen_by_events
+        condition = torch.cat([*features, *lowdim], dim=-1).flatten(1)
+        if self.config.remember_release:
+            # Normalised as the release labels: the event normaliser's second half (`fit_normalizers`).
+            release = slice(POSE_DIM * self.config.grippers, None)
+            scale, offset = self.event_normalizer.scale[release], self.event_normalizer.offset[release]
+            remembered = self.remembered_release(batch, generator).flatten(1)  # (B, 9 G)
+            condition = torch.cat([condition, remembered * scale + offset], dim=-1)
+        return condition, seen_by_events
+
+    def remembered_release(
+        self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """(B, G, 9) each gripper's next release as the event head places it from the episode's first
+        frame (`start_image`), carried to the current pose by `start_pose` (that frame's pose
+        relative to the current one): position and 6D rotation relative to the current pose, in the
+        dataset's units. Detached: the memory does not train the encoder or the head."""
+        with torch.no_grad():
+            release = self.predict_events(self.image_features(batch["start_image"], generator))[:, 1]
+            start = batch["start_pose"]
+            to_current = _rot6d_to_matrix(start[..., 3:])  # (B, G, 3, 3) current <- start
+            position = (to_current @ release[..., :3, None])[..., 0] + start[..., :3]
+            rotation = to_current @ _rot6d_to_matrix(release[..., 3:])
+            return torch.cat([position, rotation[..., :, 0], rotation[..., :, 1]], dim=-1)
 
     def image_features(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """(N, H, W, 3) uint8 camera 0 frames -> (N, F) its encoder's features: of a random crop in
@@ -411,6 +439,14 @@ class DiffusionPolicy(nn.Module):
         if self.config.normalize_actions_per_step:
             return self.action_normalizer.unnormalize(normalized.flatten(-2)).view_as(normalized)
         return self.action_normalizer.unnormalize(normalized)
+
+
+def _rot6d_to_matrix(r6: torch.Tensor) -> torch.Tensor:
+    """(..., 6) -> (..., 3, 3): `windows.rot6d_to_matrix` in torch (Gram-Schmidt on the two columns)."""
+    c1 = F.normalize(r6[..., :3], dim=-1)
+    b = r6[..., 3:6]
+    c2 = F.normalize(b - (c1 * b).sum(-1, keepdim=True) * c1, dim=-1)
+    return torch.stack([c1, c2, torch.cross(c1, c2, dim=-1)], dim=-1)
 
 
 def near_label_weights(distance: torch.Tensor, mask: torch.Tensor, near_m: float) -> torch.Tensor:

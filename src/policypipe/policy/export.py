@@ -92,6 +92,7 @@ FIELDS_ADDED_LATER = {
     "events_from_every_camera": False,
     "condition_on_events": False,
     "event_loss_near_m": 0.0,
+    "remember_release": False,
 }
 
 # How a trained policy samples, not what it learned: these may differ from training's values.

@@ -96,6 +96,7 @@ def scene_turns(runner: PolicyRunner, seed: int, turns_deg=TURNS_DEG) -> dict[st
         observation = observation_of(
             [(int(times[j]), frames[j], position[j], quat[j], float(width[j])) for j in range(history)]
         )
+        runner.start_episode()  # each turn its own episode (a policy that remembers its start)
         chunk = runner.act(observation, seed=seed, episode_start_ns=int(times[0]))
         policy.append(math.degrees(turn_about_approach(rot6d_to_matrix(chunk.relative[-1, 3:9]))))
         demonstrator.append(math.degrees(demonstrator_turn(plan, turn, t0, ahead_ns)))

@@ -13,6 +13,10 @@ p_t + R_t dp, rotation R_t GramSchmidt(r6), width w_t + dw clipped to the openin
 training episodes; with the spec's `open_deadband_m`, a step whose dw opens by less than it holds
 w_t (a chunk's small error in the width does not let a held block fall; docs/runtime.md), unless
 the gripper reports that it holds nothing (`GripperState.holding`).
+
+A policy with a memory of its episode's start (`PolicyConfig.remember_release`) also reads the
+training frame of camera 0 and each gripper's pose at the first request of each episode (the first
+call with a new `episode_start_ns`), which the runner keeps: one episode at a time.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from scipy.spatial.transform import Rotation
 
 from policypipe.dataset.episode import PoseInterpolator, interpolate_width, nearest_sample, resize_frame
 from policypipe.dataset.image_codec import decode_jpeg, encode_jpeg
-from policypipe.dataset.windows import gripper_features, rot6d_to_matrix
+from policypipe.dataset.windows import gripper_features, relative_poses, rot6d_to_matrix
 from policypipe.monitor.scores import Calibration, Monitor
 from policypipe.policy.diffusion import DiffusionPolicy
 from policypipe.policy.export import load_policy
@@ -172,6 +176,10 @@ class PolicyRunner(FrameRunner):
         )
         # The runtime monitor (`policypipe.monitor`), where the policy folder has a calibration.
         self.monitor = Monitor(calibration, policy.normalize_actions) if calibration is not None else None
+        # (episode_start_ns, camera 0's training frame, {gripper: anchor}) at the episode's first
+        # request, for a policy that remembers its start, and the latest request's t.
+        self._start: tuple[int, torch.Tensor, dict[int, GripperAnchor]] | None = None
+        self._latest_t: int | None = None
 
     @classmethod
     def load(cls, folder: Path, seed: int = 0) -> PolicyRunner:
@@ -224,7 +232,48 @@ class PolicyRunner(FrameRunner):
             i: GripperAnchor(pos[-1], rot[-1], float(width[-1]), observation.grippers[i].holding_at(t))
             for i, (pos, rot, width) in zip(spec.grippers, sampled)
         }
+        if self.policy.config.remember_release:
+            batch |= self._episode_start(batch, t, anchors, episode_start_ns)
         return batch, t, anchors
+
+    def start_episode(self) -> None:
+        """Forgets the kept episode start: the next request starts a new episode, whatever its
+        `episode_start_ns` (for a caller that replays several episodes from one start time)."""
+        self._start = self._latest_t = None
+
+    def _episode_start(
+        self,
+        batch: dict[str, torch.Tensor],
+        t: int,
+        anchors: dict[int, GripperAnchor],
+        episode_start_ns: int | None,
+    ) -> dict[str, torch.Tensor]:
+        """`start_image` and `start_pose` (`policy.diffusion`): what the episode's first request saw,
+        kept from then on, and each gripper's pose then relative to its current one. A new episode
+        starts with another `episode_start_ns`, a clock that goes back, or `start_episode`."""
+        if episode_start_ns is None:
+            raise ObservationError(
+                "this policy remembers its episode's start (remember_release): pass episode_start_ns, "
+                "the capture time of the episode's first frame, with every request"
+            )
+        new_episode = self._start is None or self._start[0] != int(episode_start_ns)
+        if new_episode or (self._latest_t is not None and t < self._latest_t):
+            self._start = (int(episode_start_ns), batch["obs_images"][0, -1].clone(), anchors)
+        self._latest_t = t
+        _, image, start = self._start
+        poses = [
+            relative_poses(
+                anchors[i].position[None],
+                anchors[i].rotation[None],
+                start[i].position[None, None],
+                start[i].rotation[None, None],
+            )[0, 0]
+            for i in anchors
+        ]
+        return {
+            "start_image": image[None],
+            "start_pose": torch.from_numpy(np.stack(poses)[None]).float(),  # (1, G, 9)
+        }
 
     def _scene_state(self, observation: Observation, wanted: np.ndarray) -> torch.Tensor:
         """(1, O, S) the privileged control's scene state at the frames the steps take, as training

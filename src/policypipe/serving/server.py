@@ -353,6 +353,12 @@ def serve_policy(
         # faster: torch's threads wait for each other when one of them is descheduled.
         torch.set_num_threads(threads)
     runner = PolicyRunner.load(folder)
+    if runner.policy.config.remember_release:
+        # Its runner keeps one episode's start; a server's clients would overwrite each other's.
+        raise ValueError(
+            f"policy {folder} remembers its episode's start (remember_release), which the server does "
+            "not keep per client yet: run it in process (policypipe.runtime.runner.PolicyRunner)"
+        )
     server = PolicyServer(
         runner, policy_metadata(folder, runner.spec.to_json(), max_request_bytes), token, max_request_bytes
     )

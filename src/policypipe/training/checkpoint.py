@@ -189,7 +189,7 @@ LATEST = "latest"
 # resumes with them set so, and is refused, naming them, with other values. The code path's keys
 # (the earlier code path, docs/training.md "Throughput"), the event loss and pretraining (none), the
 # stem's max-pool (always there before), the event head's cameras (camera 0's), its reader (none)
-# and its labels' weighting (every label alike).
+# its labels' weighting (every label alike) and the diffusion head's memory (none).
 EARLIER_CODE_PATH = {"channels_last": False, "fused_adamw": False}
 RECORDED_BEFORE_KEYS = EARLIER_CODE_PATH | {
     "model.event_loss_weight": 0.0,
@@ -197,6 +197,7 @@ RECORDED_BEFORE_KEYS = EARLIER_CODE_PATH | {
     "model.events_from_every_camera": False,
     "model.condition_on_events": False,
     "model.event_loss_near_m": 0.0,
+    "model.remember_release": False,
     "encoder_pretrain_steps": 0,
     "freeze_encoder": False,
 }

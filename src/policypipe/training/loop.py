@@ -251,8 +251,9 @@ def _train_once(
     if config.model.event_labels:  # each row's next grasp and release poses, the event loss's targets
         labels = training_labels(store, stats, stats["split"]["train"] + stats["split"]["val"])
         row_features = {**(row_features or {}), **labels}
-    train_set = WindowDataset(store, stats["split"]["train"], window, row_features, images)
-    val_set = WindowDataset(store, stats["split"]["val"], window, row_features, images)
+    remembers = config.model.remember_release
+    train_set = WindowDataset(store, stats["split"]["train"], window, row_features, images, remembers)
+    val_set = WindowDataset(store, stats["split"]["val"], window, row_features, images, remembers)
 
     # Before the loading workers start (and pretraining): they share what is decoded here.
     for note in train_set.keep_decoded_frames(config.frame_cache_mb * 10**6, shared=config.num_workers > 0):
