@@ -284,6 +284,25 @@ def test_compare_a_policy_with_itself_gives_zero_with_a_ci_around_zero(setup) ->
     )
 
 
+def test_a_policy_that_remembers_its_start_is_evaluated_and_compared_on_its_episodes_first_frames(
+    tmp_path: Path,
+) -> None:
+    # Episodes long enough for a grasp and a release each (the memory is the event head's).
+    store = tmp_path / "ds.zarr"
+    make_store(store, lengths=(150, 130, 160, 140, 135, 155, 145))
+    stats = compute_statistics(zarr.open_group(store, mode="r"), WindowConfig(2, 8, 4), SPLIT)
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(replace(MODEL, event_loss_weight=1.0, remember_release=True))
+    policy.fit_normalizers(stats)
+    policy.eval()
+    samples = collect_samples(store, stats["split"]["test"], WindowConfig(2, 8, 4), CONFIG.stride, True)
+    assert samples.batch["start_image"].shape[1:] == samples.batch["obs_images"].shape[2:]
+    report = evaluate(policy, store, stats, CONFIG)["report"]["test"]
+    assert np.isfinite(report["policy"]["position_mm"]["executed"]["mean"])
+    comparison = compare_policies([policy], [policy], store, stats, CONFIG)
+    assert comparison["b_minus_a"]["position_mm"]["mean"] == 0
+
+
 def test_compare_one_side_of_seeds_against_the_baselines(setup, evaluated) -> None:
     store, stats, policy = setup
     torch.manual_seed(1)

@@ -47,6 +47,21 @@ def test_the_calibration_is_in_the_policy_folder_and_its_manifest_and_byte_ident
     assert Calibration.read(pipeline.policy) is None  # a policy exported without one
 
 
+def test_a_policy_that_remembers_its_start_is_calibrated_on_samples_with_their_first_frames(pipeline) -> None:
+    from policypipe.policy.diffusion import DiffusionPolicy
+    from tests.runtime.test_runner import POLICY
+
+    policy = DiffusionPolicy(dataclasses.replace(POLICY, event_loss_weight=1.0, remember_release=True))
+    policy.fit_normalizers(pipeline.stats)
+    spec = RuntimeSpec.read(pipeline.policy)
+    calibration = calibrate(policy, spec, pipeline.store, pipeline.stats["split"], CONFIG)
+    # Its embedding is the whole condition: per observation step the features, pose and width, then
+    # the 9 remembered numbers.
+    config = policy.config
+    assert calibration.bank.points.shape[1] == config.n_obs_steps * (config.image_feature_dim + 10) + 9
+    assert math.isfinite(calibration.threshold)
+
+
 def test_too_few_validation_chunks_for_the_rate_raise_what_the_train_stage_exports_without_a_monitor(
     pipeline,
 ) -> None:
