@@ -475,12 +475,18 @@ def test_reading_every_cameras_features_needs_an_event_head() -> None:
         replace(TINY, cameras=2, events_from_every_camera=True)
 
 
-def test_a_head_conditioned_on_the_events_reads_the_event_heads_predictions_and_never_trains_it() -> None:
-    config = replace(TINY, event_loss_weight=1.0, condition_on_events=True)
+def event_policy(**changes) -> DiffusionPolicy:
+    """A policy with an event head and `changes`, fit on `event_stats`, in eval mode (the centre
+    crop: the same features each call)."""
     torch.manual_seed(0)
-    policy = DiffusionPolicy(config)
+    policy = DiffusionPolicy(replace(TINY, event_loss_weight=1.0, **changes))
     policy.fit_normalizers(event_stats())
-    policy.eval()  # the centre crop: the same features each call
+    return policy.eval()
+
+
+def test_a_head_conditioned_on_the_events_reads_the_event_heads_predictions_and_never_trains_it() -> None:
+    policy = event_policy(condition_on_events=True)
+    config = policy.config
     b = event_batch()
     # Per observation step: the features, the 18 predictions (grasp and release, 9 each), pose and width.
     assert policy.condition(b).shape == (4, config.n_obs_steps * (config.image_feature_dim + 18 + 9 + 1))
@@ -497,11 +503,8 @@ def test_a_head_conditioned_on_the_events_reads_the_event_heads_predictions_and_
 
 
 def test_a_policy_that_remembers_its_start_reads_the_release_seen_then_carried_to_the_current_pose() -> None:
-    config = replace(TINY, event_loss_weight=1.0, remember_release=True)
-    torch.manual_seed(0)
-    policy = DiffusionPolicy(config)
-    policy.fit_normalizers(event_stats())
-    policy.eval()  # the centre crop: the same features each call
+    policy = event_policy(remember_release=True)
+    config = policy.config
     g = torch.Generator().manual_seed(5)
     identity = torch.tensor([0.0] * 3 + [1, 0, 0, 0, 1, 0])
     b = event_batch() | {
