@@ -28,7 +28,12 @@ distance itself).
 **release-sight.** The same over the carry (the block held, a release ahead), binned by how far
 the release is: what the features know of the mark as the block comes down on it.
 
-    python -m tests.benchmarks.screen_features mark-memory|grasp-sight|release-sight POLICY [POLICY ...] \
+**memory-use.** For a policy that remembers its start (`train.model.remember_release`): over every
+MEMORY_USE_STRIDE-th held-out carry frame, how far its memory places the next release, and how far
+the executed chunk's last target moves when the sample's own start (its episode's first frame and
+pose) is swapped for a start of another held-out episode: whether the diffusion head reads the memory.
+
+    python -m tests.benchmarks.screen_features mark-memory|grasp-sight|release-sight|memory-use POLICY ... \
         --dataset STORE --stats STATS --out results.jsonl
 
 One line per policy is appended to `--out` as it finishes.
@@ -47,14 +52,24 @@ import zarr
 from scipy.spatial.transform import Rotation
 
 from policypipe.dataset import events, layout
-from policypipe.dataset.windows import POSE_DIM, episode_bounds, relative_poses, rot6d, rot6d_to_matrix
+from policypipe.dataset.windows import (
+    POSE_DIM,
+    WindowConfig,
+    episode_bounds,
+    relative_poses,
+    rot6d,
+    rot6d_to_matrix,
+)
 from policypipe.evaluation.probe import PROBE_STRIDE, image_features, pose_errors, ridge, ridge_predict
+from policypipe.evaluation.samples import collect_samples
 from policypipe.policy.export import load_policy
 
 # grasp-sight: the distance from the gripper to the next grasp, millimetres, [low, high) per bin;
 # every GRASP_SIGHT_STRIDE-th frame (the last 2 cm pass in a few frames).
 BINS_MM = ((0, 20), (20, 50), (50, 100), (100, 200), (200, None))
 GRASP_SIGHT_STRIDE = 2
+# memory-use: every 8th held-out frame (as eval's stride), the starts swapped with this seed.
+MEMORY_USE_STRIDE, MEMORY_USE_SEED = 8, 0
 
 
 def strided_rows(root: zarr.Group, episodes: list[int], stride: int) -> tuple[np.ndarray, np.ndarray]:
@@ -174,7 +189,54 @@ def event_sight(policy_dir: Path, store: Path, stats: dict, event: int) -> dict:
     return report
 
 
+def memory_use(policy_dir: Path, store: Path, stats: dict) -> dict:
+    policy = load_policy(policy_dir).eval()
+    config = policy.config
+    if not config.remember_release:
+        raise ValueError(f"policy {policy_dir} does not remember its start (train.model.remember_release)")
+    episodes = stats["split"]["test"]
+    window = WindowConfig(config.n_obs_steps, config.horizon, config.n_action_steps)
+    samples = collect_samples(store, episodes, window, MEMORY_USE_STRIDE, episode_start=True)
+    labels = events.event_labels(zarr.open_group(store, mode="r"), stats["events"])
+    carry = np.flatnonzero(on_the_way_to(labels[events.VALID], samples.anchors, event=1))
+    own = {k: v[carry] for k, v in samples.batch.items() if k != "action"}
+    rng = np.random.default_rng(MEMORY_USE_SEED)
+    owners = samples.episodes[carry]
+    other = np.array([rng.choice(np.flatnonzero(owners != o)) for o in owners])
+    swapped = own | {"start_image": own["start_image"][other], "start_pose": own["start_pose"][other]}
+
+    def last_target_mm(batch: dict) -> np.ndarray:  # (N, 3) the executed chunk's last position, mm
+        chunks = [
+            policy.predict_action(
+                {k: v[s : s + 64] for k, v in batch.items()}, torch.Generator().manual_seed(s)
+            )
+            for s in range(0, len(carry), 64)
+        ]
+        return torch.cat(chunks)[:, config.n_action_steps - 1, :3].double().numpy() * 1000
+
+    def memory_off_mm(batch: dict) -> np.ndarray:
+        with torch.no_grad():
+            remembered = policy.remembered_release(batch)[:, 0, :3].double().numpy()
+        return (
+            np.linalg.norm(remembered - labels[events.NEXT_RELEASE][samples.anchors[carry], :3], axis=1)
+            * 1000
+        )
+
+    target = last_target_mm(own)
+    moved = np.linalg.norm(last_target_mm(swapped) - target, axis=1)
+    return {
+        "policy": str(policy_dir),
+        "carry_frames": len(carry),
+        "memory_off_mm_median": round(float(np.median(memory_off_mm(own))), 1),
+        "another_starts_memory_off_mm_median": round(float(np.median(memory_off_mm(swapped))), 1),
+        "last_target_from_now_mm_median": round(float(np.median(np.linalg.norm(target, axis=1))), 1),
+        "another_start_moves_it_mm_median": round(float(np.median(moved)), 1),
+        "another_start_moves_it_mm_p75": round(float(np.percentile(moved, 75)), 1),
+    }
+
+
 SCREENS = {
+    "memory-use": memory_use,
     "mark-memory": mark_memory,
     "grasp-sight": partial(event_sight, event=0),
     "release-sight": partial(event_sight, event=1),
