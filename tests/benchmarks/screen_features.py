@@ -60,6 +60,7 @@ from policypipe.dataset.windows import (
     rot6d,
     rot6d_to_matrix,
 )
+from policypipe.evaluation.evaluate import predict
 from policypipe.evaluation.probe import PROBE_STRIDE, image_features, pose_errors, ridge, ridge_predict
 from policypipe.evaluation.samples import collect_samples
 from policypipe.policy.export import load_policy
@@ -206,13 +207,7 @@ def memory_use(policy_dir: Path, store: Path, stats: dict) -> dict:
     swapped = own | {"start_image": own["start_image"][other], "start_pose": own["start_pose"][other]}
 
     def last_target_mm(batch: dict) -> np.ndarray:  # (N, 3) the executed chunk's last position, mm
-        chunks = [
-            policy.predict_action(
-                {k: v[s : s + 64] for k, v in batch.items()}, torch.Generator().manual_seed(s)
-            )
-            for s in range(0, len(carry), 64)
-        ]
-        return torch.cat(chunks)[:, config.n_action_steps - 1, :3].double().numpy() * 1000
+        return predict(policy, batch, 64, MEMORY_USE_SEED)[:, config.n_action_steps - 1, :3] * 1000
 
     def memory_off_mm(batch: dict) -> np.ndarray:
         with torch.no_grad():
