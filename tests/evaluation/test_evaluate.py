@@ -301,6 +301,11 @@ def test_a_policy_that_remembers_its_start_is_evaluated_and_compared_on_its_epis
     assert np.isfinite(report["policy"]["position_mm"]["executed"]["mean"])
     comparison = compare_policies([policy], [policy], store, stats, CONFIG)
     assert comparison["b_minus_a"]["position_mm"]["mean"] == 0
+    # Against a policy without a memory, on either side: both read the same samples.
+    plain = DiffusionPolicy(replace(MODEL, event_loss_weight=1.0))
+    plain.fit_normalizers(stats)
+    comparison = compare_policies([plain.eval()], [policy], store, stats, CONFIG)
+    assert np.isfinite(comparison["b_minus_a"]["position_mm"]["mean"])
 
 
 def test_compare_one_side_of_seeds_against_the_baselines(setup, evaluated) -> None:

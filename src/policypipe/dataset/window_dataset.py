@@ -77,7 +77,7 @@ class WindowDataset(Dataset):
             return []
         budget, note = cache_budget(budget_bytes, shared)
         rows, _ = self.streams.observation_frames(self.anchors, self.window)
-        if self.episode_start:  # camera 0's first frames too (unique rows: each decoded once)
+        if self.episode_start:  # the episodes' first frames too (unique rows: each decoded once)
             rows = np.concatenate([rows.reshape(-1), self.streams.first[np.unique(self.anchor_episodes)]])
         for k in [0, *self.cameras]:
             reader = FrameShardReader(self.store, layout.camera_rgb(k))

@@ -593,9 +593,9 @@ def compare_policies(
             if held_out == "test"
             else f"held_out must be 'validation' or 'test', got {held_out!r}"
         )
-    samples = collect_samples(
-        store, held_out_episodes[held_out], window, config.stride, first.remember_release
-    )
+    # Every side's samples: with their episodes' first frames if any policy remembers its start.
+    remembers = any(p.config.remember_release for p in policies)
+    samples = collect_samples(store, held_out_episodes[held_out], window, config.stride, remembers)
     recorded = samples.batch["action"].double().numpy()
     baselines, _ = Baselines.build(store, stats, window, config).chunks(samples)
     omitted = {}

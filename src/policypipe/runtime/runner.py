@@ -15,8 +15,9 @@ w_t (a chunk's small error in the width does not let a held block fall; docs/run
 the gripper reports that it holds nothing (`GripperState.holding`).
 
 A policy with a memory of its episode's start (`PolicyConfig.remember_release`) also reads the
-training frame of camera 0 and each gripper's pose at the first request of each episode (the first
-call with a new `episode_start_ns`), which the runner keeps: one episode at a time.
+training frame of camera 0 and each gripper's pose at the first request of each episode, which the
+runner keeps: one episode at a time (another `episode_start_ns`, a clock that goes back or
+`start_episode` starts the next).
 """
 
 from __future__ import annotations
