@@ -36,7 +36,8 @@ def test_dvc_repro_runs_end_to_end_on_robomimic_files_with_lineage_to_each_demo(
     (raw / "lift_copy.hdf5.partial").write_bytes(b"half a copy")
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["pair"] |= {"source": "robomimic", "robomimic": {"cameras": list(CAMERAS)}}
-    params["convert"] |= {"cameras": [0, 1], "on_missing_camera": "mask"}
+    # The demo's 10 Hz is the sample's step rate; an import keeps its own control rate (interop.md).
+    params["convert"] |= {"cameras": [0, 1], "on_missing_camera": "mask", "resample_hz": None}
     without_the_labels(params)  # these demos close the fingers and never open them, as Lift's
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(repo, "dvc", "add", "--quiet", "data/raw")
@@ -74,7 +75,7 @@ def test_dvc_repro_trains_and_evaluates_a_joint_space_policy_on_aloha_files(tmp_
         "source": "aloha",
         "aloha": {"control_hz": 50, "cameras": ["cam_high", "cam_left_wrist"]},
     }
-    params["convert"] |= {"cameras": [0, 1]}
+    params["convert"] |= {"cameras": [0, 1], "resample_hz": None}  # rows are its control steps
     without_the_labels(params)  # joint space: no gripper poses to label grasps and releases with
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run(repo, "dvc", "add", "--quiet", "data/raw")
