@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -24,3 +26,16 @@ def test_the_copy_executes_the_steps_asked_with_the_same_weights_and_says_so(pip
     assert theirs.execute.sum() == horizon > ours.execute.sum()  # ... more of it executed
     with pytest.raises(ValueError, match="n_action_steps must be in 1..horizon"):
         executing(pipeline.policy, tmp_path / "too_many", horizon + 1)
+
+
+def test_the_copy_holds_the_grip_with_the_deadband_asked_and_names_the_trained(pipeline, tmp_path) -> None:  # noqa: F811
+    original = PolicyRunner.load(pipeline.policy)
+    steps = original.spec.n_action_steps
+    folder = executing(pipeline.policy, tmp_path / "wide", steps, open_deadband_mm=25.0)
+    copy = PolicyRunner.load(folder)
+    assert copy.spec.open_deadband_m == 0.025 != original.spec.open_deadband_m
+    assert copy.spec.n_action_steps == steps
+    lineage = json.loads((folder / "manifest.json").read_text())["lineage"]
+    assert lineage["open_deadband_m_trained"] == original.spec.open_deadband_m
+    with pytest.raises(ValueError, match="open_deadband_mm must be >= 0"):
+        executing(pipeline.policy, tmp_path / "negative", steps, open_deadband_mm=-1.0)
