@@ -1,7 +1,7 @@
 """A copy of an exported policy that executes another number of each chunk's steps, or holds the
 grip with another deadband, to measure in closed loop how much of a chunk to execute before the next
 request, or how wide a deadband keeps a held block, without training again (docs/rollout.md, "How
-much of each chunk to execute" and "The gripper's deadband at 10 Hz"):
+much of each chunk to execute" and "The runner at 10 Hz: how much of each chunk, and the deadband"):
 
     python -m tests.benchmarks.execute_steps runs/near/seed0/policy runs/act12/seed0/policy 12
     python -m tests.benchmarks.execute_steps runs/near/seed0/policy runs/db20/seed0/policy 8 \
