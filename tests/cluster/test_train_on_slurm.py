@@ -1,13 +1,12 @@
 """`train.launcher: slurm` against a real one-node Slurm: `dvc repro train` submits the stage as
-a job and streams its log; Slurm's warning signal (USR1) part-way makes training checkpoint,
-the job requeues and resumes, and the policy is bitwise the one of an uninterrupted local run.
-A cancelled job does not requeue itself; two processes in one job train as a local launch does."""
+a job of two processes and streams its log; Slurm's warning signal (USR1) part-way makes both
+checkpoint, the job requeues and resumes, and the policy is bitwise the one of an uninterrupted
+local launch of the same two processes. A cancelled job does not requeue itself."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -31,10 +30,12 @@ SHORT = {
     "val_every": 10,
     "val_batches": 1,
     "checkpoint_every": 10,
-    "num_workers": 2,
     "encoder_pretrain_steps": 3,  # the demo's pretraining on the grasp and release labels, kept short
     "model": TINY,
 }
+# Two processes of one thread each, as a two-GPU job's: the process group is what a requeue must
+# bring back (ranks, world size and the rendezvous from Slurm's environment in every segment).
+TWO_PROCESSES = {"num_processes": 2, "cpu_threads": 1, "num_workers": 0}
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +62,14 @@ def our_job() -> str | None:
     return running[0] if running else None
 
 
-def test_usr1_part_way_checkpoints_requeues_and_ends_with_the_uninterrupted_weights(
+def test_usr1_part_way_checkpoints_both_processes_requeues_and_ends_with_the_uninterrupted_weights(
     slurm_cluster, repo: Path
 ) -> None:
-    run(repo, "dvc", "repro", "train")
+    """One node here; several nodes differ only in MASTER_ADDR being the first of them."""
+    set_params(repo, "train", **TWO_PROCESSES)
+    run(repo, "dvc", "repro", "train")  # torch's launcher on this machine
     uninterrupted = (repo / "data/policy/model.safetensors").read_bytes()
-    set_params(repo, "train", launcher="slurm", slurm={"cpus_per_task": 2, "mem_gb": 2, "time_min": 30})
+    set_params(repo, "train", launcher="slurm", slurm={"cpus_per_task": 1, "mem_gb": 1, "time_min": 30})
 
     log = repo / "data/train/log.jsonl"
     log.unlink()  # the local run's: the job's own log tells how far it is
@@ -106,7 +109,7 @@ def test_usr1_part_way_checkpoints_requeues_and_ends_with_the_uninterrupted_weig
     provenance = json.loads((repo / "metrics/provenance/train.json").read_text())
     segments = provenance["details"]["slurm_segments"]
     assert [s["restart_count"] for s in segments] == [0, 1] and {s["job_id"] for s in segments} == {job}
-    assert all(s["nodes"] and s["host"] for s in segments)
+    assert all(s["nodes"] and s["host"] and s["tasks"] == "2" for s in segments)
     print(
         f"USR1 at step >= 15: stopped at step {stopped_at}, "
         f"training again {resumed_after_s:.1f} s after the signal"
@@ -123,6 +126,8 @@ def test_ctrl_c_of_the_stage_cancels_the_job_and_it_does_not_come_back(slurm_clu
         launcher="slurm",
         slurm={"cpus_per_task": 2, "mem_gb": 2, "time_min": 30},
         steps=SHORT["steps"] + 20,
+        num_processes=1,
+        cpu_threads=2,
         num_workers=0,
     )  # another run than the first test's
     log = repo / "data/train/log.jsonl"
@@ -152,25 +157,3 @@ def test_ctrl_c_of_the_stage_cancels_the_job_and_it_does_not_come_back(slurm_clu
     assert queued in ("", "COMPLETING"), f"job {job} is {queued}:\n{output}"
     job_log = (repo / "data/train.slurm" / f"{job}_0_log.err").read_text()
     assert "SIGTERM: stopped at step" in job_log and f"job {job} is" in job_log  # checkpointed, not requeued
-
-
-def test_two_processes_in_one_job_form_one_process_group_like_a_local_launch(
-    slurm_cluster, repo: Path
-) -> None:
-    """Ranks, world size and the rendezvous from Slurm's environment: the same weights as the
-    same two processes started on this machine by torch's launcher (one node here; several
-    nodes differ only in MASTER_ADDR being the first of them)."""
-    two = {"steps": 12, "num_processes": 2, "cpu_threads": 1, "num_workers": 0, "model": TINY}
-    # The cancelled run of the test before is unfinished, and another setup: training would refuse
-    # to replace it, as it says. Started fresh here, as its message asks.
-    shutil.rmtree(repo / "data/train", ignore_errors=True)
-    set_params(repo, "train", launcher="local", **two)
-    run(repo, "dvc", "repro", "train")
-    local = (repo / "data/policy/model.safetensors").read_bytes()
-    set_params(
-        repo, "train", launcher="slurm", slurm={"cpus_per_task": 1, "mem_gb": 1, "time_min": 30}, **two
-    )
-    shown = run(repo, "dvc", "repro", "-f", "train")  # -f: the launcher is not part of the run's identity
-    assert (repo / "data/policy/model.safetensors").read_bytes() == local
-    segments = json.loads((repo / "metrics/provenance/train.json").read_text())["details"]["slurm_segments"]
-    assert len(segments) == 1 and segments[0]["tasks"] == "2", shown
