@@ -1,7 +1,8 @@
 """The person's hand of `policypipe sample --hand` measured from the generator (docs/sample-data.md,
 "A person's hand"): over N plans of rollout-like scenes with and without it, how the hand arrives
 above the block, where it grasps, how square the fingers close, where the block is placed, how long a
-recording lasts, and whether the demonstration replayed through the simulator succeeds.
+recording lasts, whether the demonstration replayed through the simulator succeeds, and how high
+above the table it lets the block go.
 
     python -m tests.benchmarks.measure_persons_hand --plans 3000
 """
@@ -43,13 +44,14 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 def measure(plans: int, persons: bool) -> dict:
     outcomes: collections.Counter[str] = collections.Counter()
-    place_mm, square_deg, along_mm, duration_s, turn_deg, off_mm = [], [], [], [], [], []
+    place_mm, released_mm, square_deg, along_mm, duration_s, turn_deg, off_mm = [], [], [], [], [], [], []
     for seed in range(plans):
         hand_rng = np.random.default_rng([11, seed]) if persons else None
         plan = plan_motion(np.random.default_rng([7, seed]), START_NS, hand_rng=hand_rng)
         sim = replay(plan)
         outcomes[sim.outcome()] += 1
         place_mm.append(sim.distance_to_mark() * 1000)
+        released_mm.append(sim.released_at["height_m"] * 1000)
         duration_s.append(plan.duration_s)
         grasp_s = plan._seconds(np.array([plan.events_ns["grasp"]]))
         square_deg.append(abs(math.degrees(_off_square(plan.scene.target_yaw - plan._heading(grasp_s)[0]))))
@@ -63,6 +65,9 @@ def measure(plans: int, persons: bool) -> dict:
         "plans": plans,
         "outcomes": dict(outcomes),
         "placed_from_mark_mm": percentiles(place_mm),
+        # The block's bottom over the table as the fingers let it go, in the simulator (which holds it
+        # where the fingers met it and lets a held block pass into the table; released, it rests on it).
+        "released_at_height_mm": percentiles(released_mm),
         "off_square_at_close_deg": percentiles(square_deg),
         "duration_s": percentiles(duration_s),
     }
