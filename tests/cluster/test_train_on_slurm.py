@@ -34,8 +34,9 @@ SHORT = {
     "model": TINY,
 }
 # Two processes of one thread each, as a two-GPU job's: the process group is what a requeue must
-# bring back (ranks, world size and the rendezvous from Slurm's environment in every segment).
-TWO_PROCESSES = {"num_processes": 2, "cpu_threads": 1, "num_workers": 0}
+# bring back (ranks, world size and the rendezvous from Slurm's environment in every segment). Each
+# with data-loading workers, which Slurm's USR1 reaches too: they must not die of it.
+TWO_PROCESSES = {"num_processes": 2, "cpu_threads": 1, "num_workers": 2}
 
 
 @pytest.fixture(scope="module")
