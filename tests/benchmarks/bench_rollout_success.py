@@ -128,6 +128,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.pool:
         name, *files = args.pool
+        if not files:
+            parser.error(f"--pool {name}: name the result files of its seeds after the name")
         settings, policies = pool([Path(f) for f in files])
         results = {**settings, "configs": {name: configuration(policies)}}
         report(name, results["configs"][name])

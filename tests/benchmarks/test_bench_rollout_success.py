@@ -50,12 +50,15 @@ def test_seeds_run_apart_pool_into_one_configuration_over_all_their_episodes(tmp
 
 
 def test_files_run_under_other_settings_or_without_outcomes_are_refused_in_words(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, capsys
 ) -> None:
     plain = seed_file(tmp_path, "seed0", ["success"] * 4)
     delayed = seed_file(tmp_path, "seed1", ["success"] * 4, latency_ms=60.0)
     with pytest.raises(SystemExit, match="latency_ms.*pool like with like"):
         pool(monkeypatch, "mixed", plain, delayed)
+    with pytest.raises(SystemExit):  # argparse's usage error: a name and no files
+        pool(monkeypatch, "alone")
+    assert "--pool alone: name the result files of its seeds" in capsys.readouterr().err
 
     older = tmp_path / "older.json"
     results = json.loads((tmp_path / "seed0.json").read_text())
